@@ -302,6 +302,13 @@ func keepEveryAnswerItsOwn(t *testing.T, bin string, names []string) {
 // bad, and where fewer than a third were ok.
 func mixedClients(t *testing.T, url, fn string, seed uint64, try func(rng *rand.Rand, client, req int) (ok bool, bad string)) {
 	t.Helper()
+	mixedClientsVia(t, http.DefaultClient, url, fn, seed, try)
+}
+
+// mixedClientsVia is mixedClients finding fn's worker through hc (its
+// token, say).
+func mixedClientsVia(t *testing.T, hc *http.Client, url, fn string, seed uint64, try func(rng *rand.Rand, client, req int) (ok bool, bad string)) {
+	t.Helper()
 	const clients, each = 8, 12
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -329,7 +336,7 @@ func mixedClients(t *testing.T, url, fn string, seed uint64, try func(rng *rand.
 		}()
 	}
 	<-kill
-	if pid := workerPID(t, url, fn); pid > 0 {
+	if pid := workerPIDVia(t, hc, url, fn); pid > 0 {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
 	wg.Wait()
@@ -344,7 +351,13 @@ func mixedClients(t *testing.T, url, fn string, seed uint64, try func(rng *rand.
 // workerPID is the pid of fn's worker, from GET /v1/functions/{fn}.
 func workerPID(t *testing.T, url, fn string) int {
 	t.Helper()
-	resp, err := http.Get(url + "/v1/functions/" + fn)
+	return workerPIDVia(t, http.DefaultClient, url, fn)
+}
+
+// workerPIDVia is workerPID through hc.
+func workerPIDVia(t *testing.T, hc *http.Client, url, fn string) int {
+	t.Helper()
+	resp, err := hc.Get(url + "/v1/functions/" + fn)
 	if err != nil {
 		t.Fatal(err)
 	}

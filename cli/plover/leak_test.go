@@ -9,6 +9,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,39 +18,57 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 )
 
 // Clients that misbehave in the ways a transport sees (gone mid-body,
 // mid-answer, at their deadline, between pipelined requests, after a
-// 100-continue, in a chunk; over gRPC cancelled, out of time, a stream
-// left unread, a connection cut mid-frame), beside a worker killed under
-// them, leave nothing in the server once they are gone and its function
-// is unloaded again: its goroutines and open files come back to what they
-// were after a round of well-behaved requests. A leak of one goroutine or
-// file in ten such requests shows: each round makes about 50 of them.
+// 100-continue, in a chunk; over gRPC cancelled, out of time, a
+// connection cut mid-frame), beside a worker killed under them, leave
+// nothing in the server once they are gone and its function is unloaded
+// again: its goroutines and open files come back to what they were after
+// a few well-behaved requests, in either worker scope. A leak of one
+// goroutine in twenty such requests shows (two rounds make about 100).
 // Every 200 (every OK) is the request's own bytes.
 func TestMisbehavingClientsLeaveNothingBehind(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a server with worker processes")
+		t.Skip("starts servers with worker processes")
 	}
 	bin := buildPlover(t)
-	srv := startIsoServer(t, bin, t.TempDir(), nil, "--isolation", "process", "--grpc-listen", "127.0.0.1:0",
-		"--idle-ttl", "1s", "--standby-workers", "0", "--timeout", "20s", "--max-instances", "4")
-	echoBigAs(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "big")
+	for _, scope := range []string{"function", "tenant"} {
+		t.Run(scope, func(t *testing.T) { leaveNothingBehind(t, bin, scope) })
+	}
+}
+
+// leaveNothingBehind is TestMisbehavingClientsLeaveNothingBehind with
+// --worker-scope scope; a tenant's requests carry its token.
+func leaveNothingBehind(t *testing.T, bin, scope string) {
+	args := []string{"--isolation", "process", "--worker-scope", scope, "--grpc-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+		"--idle-ttl", "1s", "--standby-workers", "0", "--timeout", "20s", "--max-instances", "4"}
+	token := ""
+	if scope == "tenant" {
+		authFile := filepath.Join(t.TempDir(), "tokens")
+		token = writeAuthFile(t, authFile, [][3]string{{"acme", "deploy,invoke,read", "*"}})["acme"]
+		args = append(args, "--auth-file", authFile)
+	}
+	srv := startIsoServer(t, bin, t.TempDir(), nil, args...)
+	srv.waitLog(t, `msg="plover serving"`)
+	m := regexp.MustCompile(`msg="plover serving" addr=(http://\S+)`).FindStringSubmatch(srv.log.String())
+	if m == nil {
+		t.Fatalf("no API address in the log:\n%s", srv.log)
+	}
+	api, metrics := m[1], "http://"+metricsAddr(t, srv)
+	echoBigAs(t, bin, []string{"PLOVER_SERVER=" + api, "PLOVER_TOKEN=" + token}, "big")
 	scrape := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
 	read := func() (goroutines, fds float64) {
-		m := metricsOf(t, scrape, srv.url)
+		m := metricsOf(t, scrape, metrics)
 		return m("go_goroutines"), m("process_open_fds")
 	}
-	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: 30 * time.Second}
-	conn, err := grpc.NewClient(grpcAddr(t, srv), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := misbehaving{t: t, url: srv.url, grpcAddr: grpcAddr(t, srv), hc: hc, infer: inferBig(pb.NewGRPCInferenceServiceClient(conn)), conn: conn}
+	g := &misbehaving{t: t, url: api, grpcAddr: grpcAddr(t, srv), token: token,
+		hc: &http.Client{Transport: bearerRT{token: token, base: &http.Transport{MaxIdleConnsPerHost: 8}}, Timeout: 30 * time.Second}}
+	g.dial()
 
 	// The baseline: every transport and the function used once, the
 	// clients gone, the function unloaded.
@@ -58,16 +78,16 @@ func TestMisbehavingClientsLeaveNothingBehind(t *testing.T) {
 		}
 	}
 	g.leave()
-	waitUnloaded(t, srv.url, "big")
+	waitUnloaded(t, metrics, "big")
 	g0, f0 := settled(read)
 	t.Logf("baseline: %v goroutines, %v open files", g0, f0)
 
 	for round := range uint64(2) {
-		mixedClients(t, srv.url, "big", 11+round, g.try)
+		mixedClientsVia(t, g.hc, api, "big", 11+round, g.try)
 	}
 	g.leave()
-	waitUnloaded(t, srv.url, "big")
-	const slackG, slackF = 6, 2 // a scrape's connection, a timer: not one a request
+	waitUnloaded(t, metrics, "big")
+	const slackG, slackF = 3, 1 // the scrape's own connection, a timer: not one a request
 	var gs, fs float64
 	for end := time.Now().Add(40 * time.Second); ; time.Sleep(250 * time.Millisecond) {
 		if gs, fs = read(); gs <= g0+slackG && fs <= f0+slackF {
@@ -115,22 +135,34 @@ type misbehaving struct {
 	t        *testing.T
 	url      string
 	grpcAddr string
+	token    string // sent with every request where not ""
 	hc       *http.Client
 	infer    func(context.Context, []byte) (*pb.ModelInferResponse, error)
 	conn     *grpc.ClientConn
 }
 
-// leave closes every connection the clients keep.
-func (g *misbehaving) leave() {
-	g.hc.CloseIdleConnections()
-	g.conn.Close()
-	conn, err := grpc.NewClient(g.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+// dial opens the gRPC connection the clients share.
+func (g *misbehaving) dial() {
+	withToken := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if g.token != "" {
+			ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+g.token)
+		}
+		return invoke(ctx, method, req, reply, cc, opts...)
+	}
+	conn, err := grpc.NewClient(g.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(withToken),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)))
 	if err != nil {
 		g.t.Fatal(err)
 	}
 	g.t.Cleanup(func() { conn.Close() })
 	g.conn, g.infer = conn, inferBig(pb.NewGRPCInferenceServiceClient(conn))
+}
+
+// leave closes every connection the clients keep, and dials anew.
+func (g *misbehaving) leave() {
+	g.hc.CloseIdleConnections()
+	g.conn.Close()
+	g.dial()
 }
 
 // try is one request of client c, half of them well-behaved (ok where
@@ -164,7 +196,7 @@ func (g *misbehaving) try(rng *rand.Rand, c, i int) (bool, string) {
 	case 3: // two requests at once, the second's answer never read
 		conn := g.raw(fmt.Sprintf("Content-Length: %d\r\n\r\n", n))
 		conn.Write(in)
-		fmt.Fprintf(conn, "POST /v1/functions/big/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", n)
+		conn.Write(g.request(fmt.Sprintf("Content-Length: %d\r\n\r\n", n)))
 		conn.Write(in)
 		conn.SetReadDeadline(time.Now().Add(20 * time.Second))
 		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
@@ -261,6 +293,15 @@ func (g *misbehaving) raw(rest string) net.Conn {
 		other.Close()
 		return c
 	}
-	io.WriteString(conn, "POST /v1/functions/big/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\n"+rest)
+	conn.Write(g.request(rest))
 	return conn
+}
+
+// request is an invoke's request line and headers, ending with rest.
+func (g *misbehaving) request(rest string) []byte {
+	b := []byte("POST /v1/functions/big/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\n")
+	if g.token != "" {
+		b = append(b, "Authorization: Bearer "+g.token+"\r\n"...)
+	}
+	return append(b, rest...)
 }

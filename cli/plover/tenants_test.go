@@ -36,7 +36,7 @@ func TestTenantWorkers(t *testing.T) {
 	toks := writeAuthFile(t, authFile, [][3]string{{"a", "deploy,invoke,read", "*"}, {"b", "deploy,invoke,read", "*"}, {"ops", "read", "*"}})
 	clients := map[string]*http.Client{}
 	for name, tok := range toks {
-		clients[name] = &http.Client{Timeout: 20 * time.Second, Transport: bearerRT{tok}}
+		clients[name] = &http.Client{Timeout: 20 * time.Second, Transport: bearerRT{token: tok}}
 	}
 	srv := startIsoServer(t, bin, filepath.Join(dir, "data"), nil,
 		"--isolation", "process", "--worker-scope", "tenant", "--standby-workers", "2", "--auth-file", authFile)
@@ -184,11 +184,27 @@ func tenantPIDs(t *testing.T, c *http.Client, url string) map[string]int {
 	return pids
 }
 
-// bearerRT sends a token with every request.
-type bearerRT struct{ token string }
+// bearerRT sends a token with every request, through base
+// (http.DefaultTransport where nil).
+type bearerRT struct {
+	token string
+	base  *http.Transport
+}
 
 func (b bearerRT) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.token)
-	return http.DefaultTransport.RoundTrip(r)
+	if b.token != "" {
+		r.Header.Set("Authorization", "Bearer "+b.token)
+	}
+	if b.base == nil {
+		return http.DefaultTransport.RoundTrip(r)
+	}
+	return b.base.RoundTrip(r)
+}
+
+// CloseIdleConnections closes base's (http.Client.CloseIdleConnections).
+func (b bearerRT) CloseIdleConnections() {
+	if b.base != nil {
+		b.base.CloseIdleConnections()
+	}
 }
