@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/plover-run/plover/bundle"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 )
 
@@ -174,9 +175,9 @@ func (g *misbehaving) try(rng *rand.Rand, c, i int) (bool, string) {
 	}
 	n := 1 + rng.IntN(2<<20)
 	in := body(400+c, i, n)
-	switch rng.IntN(9) {
+	switch rng.IntN(12) {
 	case 0: // gone mid-body
-		conn := g.raw(fmt.Sprintf("Content-Length: %d\r\n\r\n", n))
+		conn := g.raw("POST", invokePath, fmt.Sprintf("Content-Length: %d\r\n\r\n", n))
 		conn.Write(in[:n/2])
 		conn.Close()
 	case 1: // gone mid-answer
@@ -185,7 +186,7 @@ func (g *misbehaving) try(rng *rand.Rand, c, i int) (bool, string) {
 			resp.Body.Close()
 		}
 	case 2: // its deadline passes mid-body: a 504, then gone
-		conn := g.raw(fmt.Sprintf("X-Plover-Timeout-Ms: 50\r\nContent-Length: %d\r\n\r\n", n+1))
+		conn := g.raw("POST", invokePath, fmt.Sprintf("X-Plover-Timeout-Ms: 50\r\nContent-Length: %d\r\n\r\n", n+1))
 		conn.Write(in)
 		conn.SetReadDeadline(time.Now().Add(20 * time.Second))
 		if resp, err := http.ReadResponse(bufio.NewReader(conn), nil); err == nil && resp.StatusCode == 200 {
@@ -194,9 +195,9 @@ func (g *misbehaving) try(rng *rand.Rand, c, i int) (bool, string) {
 		}
 		conn.Close()
 	case 3: // two requests at once, the second's answer never read
-		conn := g.raw(fmt.Sprintf("Content-Length: %d\r\n\r\n", n))
+		conn := g.raw("POST", invokePath, fmt.Sprintf("Content-Length: %d\r\n\r\n", n))
 		conn.Write(in)
-		conn.Write(g.request(fmt.Sprintf("Content-Length: %d\r\n\r\n", n)))
+		conn.Write(g.request("POST", invokePath, fmt.Sprintf("Content-Length: %d\r\n\r\n", n)))
 		conn.Write(in)
 		conn.SetReadDeadline(time.Now().Add(20 * time.Second))
 		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
@@ -209,12 +210,12 @@ func (g *misbehaving) try(rng *rand.Rand, c, i int) (bool, string) {
 			return false, "pipelined: " + bad
 		}
 	case 4: // asks to continue, then leaves
-		conn := g.raw(fmt.Sprintf("Expect: 100-continue\r\nContent-Length: %d\r\n\r\n", n))
+		conn := g.raw("POST", invokePath, fmt.Sprintf("Expect: 100-continue\r\nContent-Length: %d\r\n\r\n", n))
 		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 		conn.Read(make([]byte, 64))
 		conn.Close()
 	case 5: // a chunked body cut in a chunk
-		conn := g.raw(fmt.Sprintf("Transfer-Encoding: chunked\r\n\r\n%x\r\n", n))
+		conn := g.raw("POST", invokePath, fmt.Sprintf("Transfer-Encoding: chunked\r\n\r\n%x\r\n", n))
 		conn.Write(in[:n/2])
 		conn.Close()
 	case 6: // a call cancelled as it goes
@@ -239,6 +240,22 @@ func (g *misbehaving) try(rng *rand.Rand, c, i int) (bool, string) {
 			return false, err.Error()
 		}
 		conn.Write([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00\x00\x40\x00\x00\x00\x00\x00\x00\x01"))
+		conn.Close()
+	case 9: // a deploy's upload cut midway
+		conn := g.raw("PUT", "/v1/functions/big", fmt.Sprintf("Content-Type: %s\r\nContent-Length: %d\r\n\r\n", bundle.MediaType, n))
+		conn.Write(in[:n/2])
+		conn.Close()
+	case 10: // the function's output followed, then left
+		conn := g.raw("GET", "/v1/functions/big/logs?follow=true", "\r\n")
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if resp, err := http.ReadResponse(bufio.NewReader(conn), nil); err == nil && resp.StatusCode != 200 {
+			conn.Close()
+			return false, fmt.Sprintf("following the output: %d", resp.StatusCode)
+		}
+		conn.Close()
+	case 11: // an Open Inference Protocol request whose JSON stops midway, then gone
+		doc := fmt.Sprintf(`{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[%d],"data":[1,2,3`, n)
+		conn := g.raw("POST", "/v2/models/big/infer", fmt.Sprintf("Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(doc)+n, doc))
 		conn.Close()
 	}
 	return false, ""
@@ -283,9 +300,11 @@ func ownEcho(resp *http.Response, in []byte) (ok bool, bad string) {
 	return false, ""
 }
 
-// raw opens a connection and sends an invoke's request line and headers,
-// ending with rest (its last headers, the blank line).
-func (g *misbehaving) raw(rest string) net.Conn {
+const invokePath = "/v1/functions/big/invoke"
+
+// raw opens a connection and sends a request's line and headers (request),
+// ending with rest.
+func (g *misbehaving) raw(method, path, rest string) net.Conn {
 	conn, err := net.Dial("tcp", strings.TrimPrefix(g.url, "http://"))
 	if err != nil {
 		g.t.Error(err)
@@ -293,13 +312,18 @@ func (g *misbehaving) raw(rest string) net.Conn {
 		other.Close()
 		return c
 	}
-	conn.Write(g.request(rest))
+	conn.Write(g.request(method, path, rest))
 	return conn
 }
 
-// request is an invoke's request line and headers, ending with rest.
-func (g *misbehaving) request(rest string) []byte {
-	b := []byte("POST /v1/functions/big/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\n")
+// request is a request's line and headers, the token's among them, ending
+// with rest (its last headers, the blank line); an invoke's body is
+// application/octet-stream where rest says no other type.
+func (g *misbehaving) request(method, path, rest string) []byte {
+	b := fmt.Appendf(nil, "%s %s HTTP/1.1\r\nHost: localhost\r\n", method, path)
+	if path == invokePath {
+		b = append(b, "Content-Type: application/octet-stream\r\n"...)
+	}
 	if g.token != "" {
 		b = append(b, "Authorization: Bearer "+g.token+"\r\n"...)
 	}
