@@ -153,5 +153,6 @@ func GenerateReference(dir string) error {
 	root := newRoot(&Env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: io.Discard})
 	root.InitDefaultCompletionCmd()
 	root.InitDefaultHelpCmd()
+	root.InitDefaultVersionFlag() // cobra adds it as the command runs: --help shows it
 	return doc.GenMarkdownTree(root, dir)
 }
