@@ -35,13 +35,20 @@ func metric(t *testing.T, url, series string) float64 {
 // metric says of each series in it.
 func metricsOf(t *testing.T, client *http.Client, url string) func(series string) float64 {
 	t.Helper()
+	b := metricsText(t, client, url)
+	return func(series string) float64 { return seriesIn(b, series) }
+}
+
+// metricsText is url's /metrics, read once through client.
+func metricsText(t *testing.T, client *http.Client, url string) []byte {
+	t.Helper()
 	resp, err := client.Get(url + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return func(series string) float64 { return seriesIn(b, series) }
+	return b
 }
 
 // seriesIn is series's value in the metrics text b, or -1.

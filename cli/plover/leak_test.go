@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -30,8 +31,10 @@ import (
 // connection cut mid-frame), beside a worker killed under them, leave
 // nothing in the server once they are gone and its function is unloaded
 // again: its goroutines and open files come back to what they were after
-// a few well-behaved requests, in either worker scope. A leak of one
-// goroutine in twenty such requests shows (two rounds make about 100).
+// a few well-behaved requests, and what requests hold (body memory,
+// bodies reading, I/O pieces, queued requests, open connections) to 0, in
+// either worker scope. A leak of one goroutine in twenty such requests
+// shows (two rounds make about 100).
 // Every 200 (every OK) is the request's own bytes.
 func TestMisbehavingClientsLeaveNothingBehind(t *testing.T) {
 	if testing.Short() {
@@ -63,10 +66,7 @@ func leaveNothingBehind(t *testing.T, bin, scope string) {
 	api, metrics := m[1], "http://"+metricsAddr(t, srv)
 	echoBigAs(t, bin, []string{"PLOVER_SERVER=" + api, "PLOVER_TOKEN=" + token}, "big")
 	scrape := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
-	read := func() (goroutines, fds float64) {
-		m := metricsOf(t, scrape, metrics)
-		return m("go_goroutines"), m("process_open_fds")
-	}
+	read := func() figures { return figuresOf(t, scrape, metrics) }
 	g := &misbehaving{t: t, url: api, grpcAddr: grpcAddr(t, srv), token: token,
 		hc: &http.Client{Transport: bearerRT{token: token, base: &http.Transport{MaxIdleConnsPerHost: 8}}, Timeout: 30 * time.Second}}
 	g.dial()
@@ -80,19 +80,18 @@ func leaveNothingBehind(t *testing.T, bin, scope string) {
 	}
 	g.leave()
 	waitUnloaded(t, metrics, "big")
-	g0, f0 := settled(read)
-	t.Logf("baseline: %v goroutines, %v open files", g0, f0)
+	base := settled(read)
+	t.Logf("baseline: %v", base)
 
 	for round := range uint64(2) {
 		mixedClientsVia(t, g.hc, api, "big", 11+round, g.try)
 	}
 	g.leave()
 	waitUnloaded(t, metrics, "big")
-	const slackG, slackF = 3, 1 // the scrape's own connection, a timer: not one a request
-	var gs, fs float64
+	var now figures
 	for end := time.Now().Add(40 * time.Second); ; time.Sleep(250 * time.Millisecond) {
-		if gs, fs = read(); gs <= g0+slackG && fs <= f0+slackF {
-			t.Logf("after the rounds: %v goroutines, %v open files", gs, fs)
+		if now = read(); now.within(base) {
+			t.Logf("after the rounds: %v", now)
 			return
 		}
 		if time.Now().After(end) {
@@ -106,21 +105,62 @@ func leaveNothingBehind(t *testing.T, bin, scope string) {
 	case <-srv.exited:
 	case <-time.After(5 * time.Second):
 	}
-	t.Fatalf("40 s after the rounds, with the function unloaded: %v goroutines and %v open files, against %v and %v before them", gs, fs, g0, f0)
+	t.Fatalf("40 s after the rounds, with the function unloaded: %v, against %v before them", now, base)
 }
 
-// settled is read's figures once the goroutines stop falling: fasthttp
-// ends an idle worker goroutine 10 s after its last connection, a
-// gRPC connection's goroutines end as it closes.
-func settled(read func() (float64, float64)) (float64, float64) {
-	g, f := read()
-	low := time.Now()
-	for end := time.Now().Add(40 * time.Second); time.Now().Before(end) && time.Since(low) < 12*time.Second; time.Sleep(250 * time.Millisecond) {
-		if g1, f1 := read(); g1 < g || f1 < f {
-			g, f, low = min(g, g1), min(f, f1), time.Now()
+// figures are what a server holds, read from its /metrics: its goroutines
+// and open files, and the gauges of what requests hold (each summed over
+// its series), which are 0 at rest.
+type figures map[string]float64
+
+// held are the gauges of figures that requests hold.
+var held = []string{"plover_body_memory_bytes", "plover_bodies_reading", "plover_io_pieces", "plover_queue_depth", "plover_connections_open"}
+
+// slack is what a figure may be over its baseline at rest: the scrape's
+// own connection, a timer; not one a request's.
+var slack = map[string]float64{"go_goroutines": 3, "process_open_fds": 1}
+
+func figuresOf(t *testing.T, client *http.Client, url string) figures {
+	t.Helper()
+	b := metricsText(t, client, url)
+	f := figures{"go_goroutines": seriesIn(b, "go_goroutines"), "process_open_fds": seriesIn(b, "process_open_fds")}
+	for _, name := range held {
+		if !bytes.Contains(b, []byte("\n# TYPE "+name+" ")) {
+			t.Fatalf("the server's /metrics has no %s", name)
+		}
+		for _, m := range regexp.MustCompile(`(?m)^`+name+`(?:\{[^}]*\})? (\S+)$`).FindAllSubmatch(b, -1) {
+			v, _ := strconv.ParseFloat(string(m[1]), 64)
+			f[name] += v
 		}
 	}
-	return g, f
+	return f
+}
+
+// within says whether every figure is at most base's, give or take its
+// slack.
+func (f figures) within(base figures) bool {
+	for k, v := range f {
+		if v > base[k]+slack[k] {
+			return false
+		}
+	}
+	return true
+}
+
+// settled is read's figures once they stop falling: fasthttp ends an
+// idle worker goroutine 10 s after its last connection, a gRPC
+// connection's goroutines end as it closes.
+func settled(read func() figures) figures {
+	f := read()
+	low := time.Now()
+	for end := time.Now().Add(40 * time.Second); time.Now().Before(end) && time.Since(low) < 12*time.Second; time.Sleep(250 * time.Millisecond) {
+		for k, v := range read() {
+			if v < f[k] {
+				f[k], low = v, time.Now()
+			}
+		}
+	}
+	return f
 }
 
 // waitUnloaded waits, bounded, until fn has no instance (--idle-ttl).
