@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,13 +72,8 @@ func TestClientSlotsComeBack(t *testing.T) {
 				args = append(args, "--tls-cert", cert, "--tls-key", key)
 			}
 			srv := startIsoServer(t, bin, t.TempDir(), nil, args...)
-			// srv.url is the first address logged: --metrics-listen's.
-			srv.waitLog(t, `msg="plover serving"`)
-			m := regexp.MustCompile(`msg="plover serving" addr=(https?://(\S+))`).FindStringSubmatch(srv.log.String())
-			if m == nil {
-				t.Fatalf("no API address in the log:\n%s", srv.log)
-			}
-			api, addr := m[1], m[2]
+			api := apiURL(t, srv)
+			_, addr, _ := strings.Cut(api, "://")
 			// Ports 0, read back: a port found free could be another
 			// test's by the time the server binds it.
 			grpcListen, metrics := grpcAddr(t, srv), metricsAddr(t, srv)

@@ -65,11 +65,20 @@ func grpcurl(t *testing.T) string {
 var (
 	grpcAddrRE    = regexp.MustCompile(`addr=grpcs?://(127\.0\.0\.1:\d+)`)
 	metricsAddrRE = regexp.MustCompile(`msg="metrics without authentication" addr=http://(127\.0\.0\.1:\d+)/metrics`)
+	apiURLRE      = regexp.MustCompile(`msg="plover serving" addr=(https?://127\.0\.0\.1:\d+)`)
 )
 
 func grpcAddr(t *testing.T, srv *isoServer) string {
 	t.Helper()
 	return loggedAddr(t, srv, grpcAddrRE, "gRPC")
+}
+
+// apiURL is the API's base URL as srv logged it once serving: srv.url is
+// the first address logged, --metrics-listen's where it is set.
+func apiURL(t *testing.T, srv *isoServer) string {
+	t.Helper()
+	srv.waitLog(t, `msg="plover serving"`)
+	return loggedAddr(t, srv, apiURLRE, "API")
 }
 
 // metricsAddr is --metrics-listen's address as srv logged it.

@@ -289,17 +289,8 @@ func keepEveryAnswerItsOwn(t *testing.T, bin string, names []string) {
 		if err != nil {
 			return false, err.Error()
 		}
-		out, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		switch {
-		case resp.StatusCode == 200 && !bytes.Equal(out, in):
-			return false, fmt.Sprintf("200 with %d bytes, not its own %d", len(out), n)
-		case resp.StatusCode == 200:
-			return true, ""
-		case resp.StatusCode != 500 && resp.StatusCode != 503: // the killed worker's requests
-			return false, fmt.Sprintf("%d %s", resp.StatusCode, out)
-		}
-		return false, ""
+		defer resp.Body.Close()
+		return ownEcho(resp, in)
 	})
 }
 

@@ -58,12 +58,7 @@ func leaveNothingBehind(t *testing.T, bin, scope string) {
 		args = append(args, "--auth-file", authFile)
 	}
 	srv := startIsoServer(t, bin, t.TempDir(), nil, args...)
-	srv.waitLog(t, `msg="plover serving"`)
-	m := regexp.MustCompile(`msg="plover serving" addr=(http://\S+)`).FindStringSubmatch(srv.log.String())
-	if m == nil {
-		t.Fatalf("no API address in the log:\n%s", srv.log)
-	}
-	api, metrics := m[1], "http://"+metricsAddr(t, srv)
+	api, metrics := apiURL(t, srv), "http://"+metricsAddr(t, srv)
 	echoBigAs(t, bin, []string{"PLOVER_SERVER=" + api, "PLOVER_TOKEN=" + token}, "big")
 	scrape := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
 	read := func() figures { return figuresOf(t, scrape, metrics) }
