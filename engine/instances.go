@@ -34,6 +34,9 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 		return nil, call.Warm, err
 	}
 	defer unreserve()
+	if err := waitFree(ctx, best, need, v); err != nil {
+		return nil, call.Warm, err
+	}
 	p, start, err := e.place(ctx, v, best)
 	if err != nil {
 		return nil, start, err
@@ -64,6 +67,37 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 	}
 	v.pool.added()
 	return &instance{inst: inst, dev: p, bytes: inst.DeviceBytes(), made: made}, start, nil
+}
+
+// memoryBack is a device whose memory comes back some time after the
+// server closes what held it (a worker process lets go of its buffers as
+// it reads their end, unloads or exits): the ledger counts it free at once,
+// the driver only then.
+type memoryBack interface {
+	// WaitFree waits until need bytes are free as the driver counts them
+	// or nothing given up is still on its way back, and returns ctx's
+	// error if ctx ends first.
+	WaitFree(ctx context.Context, need int64) error
+}
+
+// waitFree waits, within ctx, for the memory the ledger reserved for v on
+// dev to be free on the device itself before v allocates it: an eviction
+// made room that its victims' workers may not yet have given back, and an
+// allocation before that fails on a full GPU.
+func waitFree(ctx context.Context, dev device.Device, need int64, v *version) error {
+	mb, ok := dev.(memoryBack)
+	if !ok {
+		return nil
+	}
+	err := mb.WaitFree(ctx, need)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, context.DeadlineExceeded):
+		return errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while %s gave back the %d bytes it needs (memory closed there is freed as its workers let go of it)", v.fn.name, dev.Name(), need)
+	default:
+		return errorf(errdefs.KindGone, err, "function %s: the client went away while %s gave back the %d bytes it needs", v.fn.name, dev.Name(), need)
+	}
 }
 
 func (e *Engine) pickDevice(v *version) (device.Device, error) {

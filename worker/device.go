@@ -120,6 +120,8 @@ type Device struct {
 	outMu sync.Mutex // Options.Output's lines, one at a time
 
 	running        atomic.Int32 // runs in flight on its workers (wire/poll.go)
+	returning      atomic.Int64 // device bytes given up, not yet back (release.go)
+	lastRelease    atomic.Int64 // when some were last seen back
 	landlockLogged atomic.Bool
 	filterLogged   atomic.Bool  // "no seccomp filters", said once
 	startFailures  atomic.Int32 // workers in a row that exited before ready
@@ -197,11 +199,13 @@ const (
 )
 
 // MemInfo is the device's memory less what this server's workers were
-// given (the server allocates nothing on the device itself).
+// given (the server allocates nothing on the device itself). What its
+// workers are still letting go of counts free: the driver counts it used
+// until they have, and a load waits for it (WaitFree).
 func (d *Device) MemInfo() device.MemInfo {
 	b := d.opts.Base.MemInfo()
 	used := d.used.Load()
-	free := min(b.Free, b.Total-used)
+	free := min(b.Free+d.returning.Load(), b.Total-used)
 	if free < 0 {
 		free = 0
 	}

@@ -181,24 +181,37 @@ func (i *instance) Close() {
 	if i.slot == nil {
 		return
 	}
-	if i.overrun != nil { // still finishing: the reader owns the buffers
+	n := i.DeviceBytes()
+	given := i.g.p.give(n) // before used lets go of them: never counted nowhere
+	if i.overrun != nil {  // still finishing: the reader owns the buffers
 		go func(c chan bool, fd int, slot []byte, pinned int64) {
 			<-c
-			i.g.instanceClosed()
-			unix.Close(fd)
+			i.end(fd, n, given)
 			unix.Munmap(slot)
 			i.g.p.dropSlot(int64(len(slot)), pinned, false)
 		}(i.overrun, i.fd, i.slot, i.pinned)
 		i.slot = nil
-		i.g.d.used.Add(-i.DeviceBytes())
+		i.g.d.used.Add(-n)
 		return
 	}
-	i.g.instanceClosed()
-	unix.Close(i.fd) // the worker frees the instance when it reads EOF
+	i.end(i.fd, n, given)
 	unix.Munmap(i.slot)
 	i.g.p.dropSlot(int64(len(i.slot)), i.pinned, false)
 	i.slot = nil
-	i.g.d.used.Add(-i.DeviceBytes())
+	i.g.d.used.Add(-n)
+}
+
+// end ends the instance's channel: the worker frees the instance when it
+// reads the end, and its n bytes, given as returning, are counted back
+// once it closed its side (awaitEnd).
+func (i *instance) end(fd int, n int64, given bool) {
+	i.g.instanceClosed()
+	if given {
+		i.g.ending.add()
+		i.g.p.awaitEnd(fd, n, i.g.ending.done)
+		return
+	}
+	unix.Close(fd)
 }
 
 // Run hands one request to the worker: one message each way. The request is

@@ -34,6 +34,7 @@ type proc struct {
 	reason   string
 	killed   atomic.Pointer[string] // why the server stopped it
 	unreaped atomic.Bool            // end gave up waiting for its reap (said once)
+	ret      returning              // its device memory on its way back (release.go)
 	memLimit atomic.Int64           // resident bytes it may hold; 0: none
 	// reported is set once it runs a program: from then on the watch
 	// loop samples its figures into sample (nil until the first), which
@@ -396,6 +397,7 @@ func (p *proc) wait(cmd *exec.Cmd) {
 	p.mu.Lock()
 	contain.KillGroup(p.pid)
 	p.exited = true
+	p.allBack() // its memory went with its exit
 	p.cgroup.Exited()
 	p.gone.Store(true)
 	// What it was doing: a run or a call that saw it die still counts
@@ -624,6 +626,7 @@ func (p *proc) end(why string) {
 	case <-p.done:
 	case <-time.After(reapWait):
 		if p.unreaped.CompareAndSwap(false, true) {
+			p.allBack() // its memory may never come back
 			p.d.opts.Log.Warn("a killed worker is not reaped: its requests are told so without waiting longer", "pid", p.pid, "waited", (endWait + reapWait).String())
 		}
 	}

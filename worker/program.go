@@ -25,6 +25,10 @@ type program struct {
 	dir    string // its bundle's (ProgramSpec.Dir)
 	consts int64
 	closed atomic.Bool
+	// ending counts its closed instances whose end its worker has yet to
+	// be seen taking (awaitEnd): in a tenant's worker the last of them
+	// may close the program, after its unload is answered.
+	ending inFlight
 
 	// In a tenant's worker (tenant.go): its output, its part of the
 	// process's memory limit (0: none) and CPU weight, its staged
@@ -266,6 +270,7 @@ func (g *program) Close() error {
 	// out stays, and the pipes end with the process and what it started
 	// (wait). A deleted function's sink drops them (funclog's life), so
 	// its ring is not made anew by its dying worker's last lines.
+	g.p.give(g.consts) // back as the process exits
 	g.p.kill("its program was unloaded")
 	g.closeSlots()
 	g.d.used.Add(-g.consts)
@@ -296,6 +301,7 @@ var unloadWait, unloadBound = maxControlWait, 10 * time.Second
 // made room for.
 func (g *program) closeShared() {
 	g.closeSlots()
+	g.p.give(g.consts) // back as the unload is answered, or the process exits
 	g.d.used.Add(-g.consts)
 	g.p.dropProgram(g, true)
 	if g.d.releaseTenant(g.p) {
@@ -341,6 +347,11 @@ func (g *program) unloadShared() {
 		err = wire.ErrorOf(rep.St, rep.Text)
 	}
 	if err == nil {
+		// The worker closes the program, and frees its constants, at
+		// the unload or with its last instance's end (each bounded),
+		// whichever comes last.
+		g.ending.wait(time.After(endBound))
+		g.p.back(g.consts)
 		g.dropSlots()
 		return
 	}
@@ -351,6 +362,11 @@ func (g *program) unloadShared() {
 	}
 	if g.p.killed.Load() != nil && g.p.killedBy.Load() != g {
 		return // stopped meanwhile for another reason (its last program unloaded, a limit): g went with it
+	}
+	if g.p.killed.Load() == nil {
+		// Alive and not unloaded: whatever it holds of g's stays held
+		// as the driver counts it; waiting for it would not bring it.
+		g.p.back(g.consts)
 	}
 	g.d.opts.Log.Warn("a tenant's worker did not unload a program", "function", g.name, "pid", g.p.pid, "error", err)
 }

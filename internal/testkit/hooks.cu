@@ -3,7 +3,8 @@
 // each instance counts its requests in memory plover_instance_init made.
 // -DFAIL_LOAD and -DFAIL_INIT make those hooks fail; -DCRASH_LOAD makes
 // plover_load segfault and -DHANG_INIT makes plover_instance_init hang (a
-// hostile bundle's hooks); -DSLOW_INIT_MS=n makes it take n ms;
+// hostile bundle's hooks), -DHANG_FINI plover_instance_fini;
+// -DSLOW_INIT_MS=n and -DSLOW_FINI_MS=n make those take n ms;
 // -DEMPTY_INIT_MESSAGE makes plover_instance_init send a message of no
 // bytes on the worker's control channel (fd 3), ahead of the init's reply.
 #include <signal.h>
@@ -63,6 +64,12 @@ PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
 
 PLOVER_EXPORT void plover_instance_fini(plover_state_t *s) {
   hooks_calls[2]++;
+#ifdef HANG_FINI
+  for (;;) pause();
+#endif
+#ifdef SLOW_FINI_MS
+  usleep(SLOW_FINI_MS * 1000);
+#endif
   free(s->instance);
 }
 
