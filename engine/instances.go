@@ -34,7 +34,7 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 		return nil, call.Warm, err
 	}
 	defer unreserve()
-	if err := waitFree(ctx, best, need, v); err != nil {
+	if err := waitFree(ctx, best, e.mem.pendingOn(best), need, v); err != nil {
 		return nil, call.Warm, err
 	}
 	p, start, err := e.place(ctx, v, best)
@@ -81,15 +81,18 @@ type memoryBack interface {
 }
 
 // waitFree waits, within ctx, for the memory the ledger reserved for v on
-// dev to be free on the device itself before v allocates it: an eviction
-// made room that its victims' workers may not yet have given back, and an
-// allocation before that fails on a full GPU.
-func waitFree(ctx context.Context, dev device.Device, need int64, v *version) error {
+// dev (need bytes) to be free on the device itself before v allocates it:
+// an eviction made room that its victims' workers may not yet have given
+// back, and an allocation before that fails on a full GPU. It waits for
+// room, the bytes of every reservation on dev not yet allocated, this
+// one's included: two loads waiting for the same returning memory would
+// otherwise both go once one's part was back, and one fail.
+func waitFree(ctx context.Context, dev device.Device, room, need int64, v *version) error {
 	mb, ok := dev.(memoryBack)
 	if !ok {
 		return nil
 	}
-	err := mb.WaitFree(ctx, need)
+	err := mb.WaitFree(ctx, room)
 	switch {
 	case err == nil:
 		return nil

@@ -100,6 +100,14 @@ func (l *ledger) reserve(dev device.Device, need int64, forV *version) (func(), 
 	}, nil
 }
 
+// pendingOn is the bytes reserved on dev for allocations under way: what
+// dev must have free for all of them.
+func (l *ledger) pendingOn(dev device.Device) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pending[dev]
+}
+
 // plan is reserve's part under l.mu: it counts need as pending unless it
 // fails, and returns what to evict (counted freeing) and the bytes dev had
 // available. The lock is released by a defer: the device's MemInfo and the

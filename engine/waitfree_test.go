@@ -23,14 +23,25 @@ type slowReturnDevice struct {
 	needs []int64
 	used  []int64 // the device's bytes in use at each call
 	err   error
+	gate  chan struct{} // non-nil: each call waits for it after recording
 }
 
 func (d *slowReturnDevice) WaitFree(ctx context.Context, need int64) error {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	d.needs = append(d.needs, need)
 	d.used = append(d.used, d.Host.MemInfo().Used)
-	return d.err
+	err, gate := d.err, d.gate
+	d.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	return err
+}
+
+func (d *slowReturnDevice) asked() []int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]int64(nil), d.needs...)
 }
 
 // A load that evicted for its room waits for the room on the device itself
@@ -82,5 +93,37 @@ func TestLoadWaitsForTheRoomItEvictedFor(t *testing.T) {
 	defer cancel()
 	if err := e.Invoke(ctx, "a", &call.Request{Input: []byte{1}}); err != nil {
 		t.Fatalf("a after its cut wait: %v (its reservation was kept)", err)
+	}
+}
+
+// Two loads under way on one device wait for the room of both: the second
+// one's wait asks for its bytes and the first one's, which are reserved
+// and not yet allocated. Before, each asked for its own, and both went
+// once the smaller part was back.
+func TestLoadsWaitForTheRoomOfEveryReservation(t *testing.T) {
+	ma, mb := testkit.Manifest("a"), testkit.Manifest("b")
+	per := ma.MaxInputBytes + ma.TmpBytes + ma.OutBytes
+	gate := make(chan struct{})
+	dev := &slowReturnDevice{Host: device.NewHost(0), gate: gate}
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{dev}})
+	testkit.Deploy(t, e, testkit.BundleDir(t, ma, nil))
+	testkit.Deploy(t, e, testkit.BundleDir(t, mb, nil))
+	errs := make(chan error, 2)
+	for i, name := range []string{"a", "b"} {
+		go func() { errs <- e.Invoke(context.Background(), name, &call.Request{Input: []byte{1}}) }()
+		for deadline := time.Now().Add(10 * time.Second); len(dev.asked()) <= i; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("load %s never asked for its room", name)
+			}
+		}
+	}
+	close(gate)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := dev.asked(); got[0] != per || got[1] != 2*per {
+		t.Fatalf("the two loads asked for %v, want [%d %d]: the second for both reservations", got, per, 2*per)
 	}
 }
