@@ -31,7 +31,7 @@
 # memcheck and eager loading first, the benchmarks last. RESERVE seconds
 # (default 20) are kept for the summary and the logs.
 #
-# Sections (names for SKIP and ONLY): tests memcheck eager bench servers
+# Sections (names for SKIP and ONLY): tests memcheck eager fullcard bench servers
 # vecadd cnn cnnbatch softmax pipeline grpc latency faults batch datapath
 # fair isolation reload memgroups mps contexts tenants. The sample sections start the servers
 # themselves.
@@ -1089,6 +1089,49 @@ sec_reload() {
   save "$tmp/reload/server.log" server-cuda-reload.log
 }
 
+# A full card: scripts/gpu-ballast.cu holds all but FULL_KEEP_MIB (default
+# 6144) of the card, and scripts/full-card.sh alternates requests to two
+# functions of 3 GiB instances that fit one at a time, in both worker
+# scopes: every load comes right after an eviction, and must wait for the
+# victim's memory to be back rather than fail (worker/release.go; never
+# run on a GPU before the 46th session's change).
+sec_fullcard() {
+  if [ ! -d build/samples/vecadd-cuda ] || ! have curl || ! have nvcc; then
+    say "SKIP: needs build/samples/vecadd-cuda, curl and nvcc"
+    return 0
+  fi
+  local bp i
+  if ! bounded 90 nvcc -o "$tmp/ballast" scripts/gpu-ballast.cu >"$tmp/ballast-build.txt" 2>&1; then
+    fail "building scripts/gpu-ballast.cu: $(head -c 300 "$tmp/ballast-build.txt")"
+    return 0
+  fi
+  "$tmp/ballast" "${FULL_KEEP_MIB:-6144}" >"$tmp/ballast.txt" 2>&1 &
+  bp=$!
+  pids+=("$bp")
+  for i in $(seq 1 60); do
+    grep -q '^holding' "$tmp/ballast.txt" && break
+    kill -0 "$bp" 2>/dev/null || break
+    out_of_time && break
+    sleep 0.5
+  done
+  if ! grep -q '^holding' "$tmp/ballast.txt"; then
+    fail "the ballast did not take the card: $(head -c 300 "$tmp/ballast.txt")"
+    kill "$bp" 2>/dev/null
+    return 0
+  fi
+  say "ballast: $(cat "$tmp/ballast.txt")"
+  bounded 150 bash scripts/full-card.sh cuda build/samples/vecadd-cuda "$vin" "$((port + 4))" "$tmp/fullcard" >"$tmp/fullcard.txt" 2>&1
+  local rc=$?
+  kill "$bp" 2>/dev/null
+  cat "$tmp/fullcard.txt"
+  save "$tmp/fullcard.txt" fullcard.txt
+  save "$tmp/fullcard/server-function.log" server-cuda-fullcard-function.log
+  save "$tmp/fullcard/server-tenant.log" server-cuda-fullcard-tenant.log
+  if [ "$rc" -eq 0 ]; then pass "a full card: every load after an eviction served, both scopes"; else
+    fail "a full card (exit $rc): $(grep -m 3 '^FAIL' "$tmp/fullcard.txt" | tr '\n' ' ')"
+  fi
+}
+
 sec_isolation() {
   if [ ! -d build/samples/cnn-cuda ] || ! have python3; then
     say "SKIP: needs build/samples/cnn-cuda and python3"
@@ -1131,6 +1174,7 @@ sec_gpu
 run tests 30 "CUDA device tests (bin/device.test -test.run ^TestGPU)"
 run memcheck 60 "compute-sanitizer memcheck: the device suite"
 run eager 30 "CUDA_MODULE_LOADING=EAGER: the device suite again"
+run fullcard 40 "a full card: loads right after evictions, both worker scopes (scripts/full-card.sh, scripts/gpu-ballast.cu)"
 run bench 40 "benchmarks (graph vs direct, copy bandwidth, a new instance and its first runs)"
 if samples_wanted; then
   ONLY="${ONLY:+$ONLY servers}" run servers 10 "servers"
