@@ -74,9 +74,9 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 // it reads their end, unloads or exits): the ledger counts it free at once,
 // the driver only then.
 type memoryBack interface {
-	// WaitFree waits until need bytes are free as the driver counts them
-	// or nothing given up is still on its way back, and returns ctx's
-	// error if ctx ends first.
+	// WaitFree waits until need bytes are free as the driver counts them,
+	// for as long as what is on its way back could make them, and returns
+	// ctx's error if ctx ends first.
 	WaitFree(ctx context.Context, need int64) error
 }
 

@@ -182,7 +182,7 @@ func (i *instance) Close() {
 		return
 	}
 	n := i.DeviceBytes()
-	given := i.g.p.give(n) // before used lets go of them: never counted nowhere
+	given := i.g.p.give(n) // before used drops them: never out of both counts
 	if i.overrun != nil {  // still finishing: the reader owns the buffers
 		go func(c chan bool, fd int, slot []byte, pinned int64) {
 			<-c
