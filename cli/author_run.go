@@ -206,6 +206,9 @@ func runLocal(dir string, input []byte, repeat int, timeout time.Duration, check
 	defer prog.Close()
 	t1 := time.Now()
 	inst, err := prog.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes, Deadline: time.Now().Add(setup)})
+	if err != nil && sig.Err() != nil { // the stop ended the worker in plover_instance_init
+		return nil, nil, errors.New("interrupted")
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("creating an instance of %s: %w", dir, err)
 	}
@@ -213,6 +216,9 @@ func runLocal(dir string, input []byte, repeat int, timeout time.Duration, check
 	rep.Timing.Load, rep.Timing.Instance = us(t1.Sub(t0)), us(time.Since(t1))
 
 	steps, err := chainSteps(prog, m)
+	if err != nil && sig.Err() != nil {
+		return nil, nil, errors.New("interrupted")
+	}
 	if err != nil {
 		return nil, nil, err
 	}

@@ -34,7 +34,7 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 		return nil, call.Warm, err
 	}
 	defer unreserve()
-	if err := waitFree(ctx, best, e.mem.pendingOn(best), need, v); err != nil {
+	if err := waitFree(ctx, best, func() int64 { return e.mem.pendingOn(best) }, need, v); err != nil {
 		return nil, call.Warm, err
 	}
 	p, start, err := e.place(ctx, v, best)
@@ -74,20 +74,22 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 // it reads their end, unloads or exits): the ledger counts it free at once,
 // the driver only then.
 type memoryBack interface {
-	// WaitFree waits until need bytes are free as the driver counts them,
-	// for as long as what is on its way back could make them, and returns
-	// ctx's error if ctx ends first.
-	WaitFree(ctx context.Context, need int64) error
+	// WaitFree waits until room() bytes are free as the driver counts
+	// them, for as long as what is on its way back could make them, and
+	// returns ctx's error if ctx ends first; room is read at each look.
+	WaitFree(ctx context.Context, room func() int64) error
 }
 
 // waitFree waits, within ctx, for the memory the ledger reserved for v on
 // dev (need bytes) to be free on the device itself before v allocates it:
 // an eviction made room that its victims' workers may not yet have given
 // back, and an allocation before that fails on a full GPU. It waits for
-// room, the bytes of every reservation on dev not yet allocated, this
-// one's included: two loads waiting for the same returning memory would
-// otherwise both go once one's part was back, and one fail.
-func waitFree(ctx context.Context, dev device.Device, room, need int64, v *version) error {
+// room(), the bytes of the reservations on dev not yet done, this one's
+// included: two loads waiting for the same returning memory would
+// otherwise both go once one's part was back, and one fail. Read at each
+// look, as a load that has allocated its part is done soon after, and
+// leaves it.
+func waitFree(ctx context.Context, dev device.Device, room func() int64, need int64, v *version) error {
 	mb, ok := dev.(memoryBack)
 	if !ok {
 		return nil

@@ -26,7 +26,8 @@ type slowReturnDevice struct {
 	gate  chan struct{} // non-nil: each call waits for it after recording
 }
 
-func (d *slowReturnDevice) WaitFree(ctx context.Context, need int64) error {
+func (d *slowReturnDevice) WaitFree(ctx context.Context, room func() int64) error {
+	need := room()
 	d.mu.Lock()
 	d.needs = append(d.needs, need)
 	d.used = append(d.used, d.Host.MemInfo().Used)

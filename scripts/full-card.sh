@@ -9,7 +9,9 @@
 # instance's free, its unload, its exit); the load waits for that
 # (worker/release.go) and must not fail. On a GPU the card is made full by
 # scripts/gpu-ballast.cu (the caller runs it); on the host device pass
-# --memory-limit. ROUNDS (default 5) pairs of requests a scope. Runs
+# --memory-limit. It shows that every load right after an eviction was
+# served, not that one had to wait (a card that frees at once passes too).
+# ROUNDS (default 5) pairs of requests a scope. Runs
 # bin/plover from the repository root; servers on 127.0.0.1:PORT, data and
 # logs under WORKDIR. Prints a line a request and PASS or FAIL lines; exits
 # 1 on a failure. Ends by itself: every wait is bounded.
@@ -53,6 +55,9 @@ for scope in function tenant; do
   if [ "$up" != 1 ]; then
     echo "FAIL: full card, $scope scope: the server did not come up"
     tail -n 20 "$log"
+    kill "$spid" 2>/dev/null
+    wait "$spid" 2>/dev/null
+    spid=
     failed=1
     continue
   fi
@@ -62,6 +67,7 @@ for scope in function tenant; do
   bad=0
   for r in $(seq "$rounds"); do
     for f in a b; do
+      rm -f "$work/hdr" "$work/out"
       res=$(curl -sS -m 60 -o "$work/out" -D "$work/hdr" -w '%{http_code} %{time_total}' \
         -H 'Content-Type: application/octet-stream' --data-binary @"$in" "$url/v1/functions/full-$f/invoke" 2>&1)
       start=$(tr -d '\r' <"$work/hdr" 2>/dev/null | sed -n 's/^[Xx]-[Pp]lover-[Ss]tart: *//p')

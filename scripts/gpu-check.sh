@@ -1101,7 +1101,7 @@ sec_fullcard() {
     return 0
   fi
   local bp i
-  if ! bounded 90 nvcc -o "$tmp/ballast" scripts/gpu-ballast.cu >"$tmp/ballast-build.txt" 2>&1; then
+  if ! bounded 60 nvcc -o "$tmp/ballast" scripts/gpu-ballast.cu >"$tmp/ballast-build.txt" 2>&1; then
     fail "building scripts/gpu-ballast.cu: $(head -c 300 "$tmp/ballast-build.txt")"
     return 0
   fi
@@ -1117,12 +1117,14 @@ sec_fullcard() {
   if ! grep -q '^holding' "$tmp/ballast.txt"; then
     fail "the ballast did not take the card: $(head -c 300 "$tmp/ballast.txt")"
     kill "$bp" 2>/dev/null
+    wait "$bp" 2>/dev/null
     return 0
   fi
   say "ballast: $(cat "$tmp/ballast.txt")"
   bounded 150 bash scripts/full-card.sh cuda build/samples/vecadd-cuda "$vin" "$((port + 4))" "$tmp/fullcard" >"$tmp/fullcard.txt" 2>&1
   local rc=$?
   kill "$bp" 2>/dev/null
+  wait "$bp" 2>/dev/null # the card given back before the next section
   cat "$tmp/fullcard.txt"
   save "$tmp/fullcard.txt" fullcard.txt
   save "$tmp/fullcard/server-function.log" server-cuda-fullcard-function.log
@@ -1174,7 +1176,7 @@ sec_gpu
 run tests 30 "CUDA device tests (bin/device.test -test.run ^TestGPU)"
 run memcheck 60 "compute-sanitizer memcheck: the device suite"
 run eager 30 "CUDA_MODULE_LOADING=EAGER: the device suite again"
-run fullcard 40 "a full card: loads right after evictions, both worker scopes (scripts/full-card.sh, scripts/gpu-ballast.cu)"
+run fullcard 60 "a full card: loads right after evictions, both worker scopes (scripts/full-card.sh, scripts/gpu-ballast.cu)"
 run bench 40 "benchmarks (graph vs direct, copy bandwidth, a new instance and its first runs)"
 if samples_wanted; then
   ONLY="${ONLY:+$ONLY servers}" run servers 10 "servers"

@@ -301,7 +301,7 @@ var unloadWait, unloadBound = maxControlWait, 10 * time.Second
 // made room for.
 func (g *program) closeShared() {
 	g.closeSlots()
-	g.p.give(g.consts) // back as the unload is answered, or the process exits
+	g.p.give(g.consts) // back once its unload is answered and its instances ended, or at the exit
 	g.d.used.Add(-g.consts)
 	g.p.dropProgram(g, true)
 	if g.d.releaseTenant(g.p) {

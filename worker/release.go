@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/worker/wire"
 )
 
 // The server counts a program's or an instance's device memory free as it
@@ -77,11 +79,12 @@ var endBound = 10 * time.Second
 
 // awaitEnd gives an instance's channel fd its end (the worker frees the
 // instance as it reads it) and, in the background, counts the instance's
-// n bytes back once the worker has closed its side, which it does after
-// the free (and, where the instance held its program's last reference,
-// after the program's close), or has died, or endBound passed; done is
-// called then. The wait is parked in the runtime's poller, not on a thread
-// of its own.
+// n bytes back as the worker says it has freed them (wire.Freed), or its
+// side closes, or endBound passes; done is called once the side is closed
+// (the worker closes it after it let go of the instance's program, and
+// closed the program where this was its last reference), the worker died,
+// or endBound passed. The wait is parked in the runtime's poller, not on a
+// thread of its own.
 func (p *proc) awaitEnd(fd int, n int64, done func()) {
 	unix.Shutdown(fd, unix.SHUT_WR)
 	if err := unix.SetNonblock(fd, true); err != nil {
@@ -93,16 +96,26 @@ func (p *proc) awaitEnd(fd int, n int64, done func()) {
 	f := os.NewFile(uintptr(fd), "instance channel")
 	f.SetReadDeadline(time.Now().Add(endBound))
 	go func() {
+		freed := false
 		defer done()
-		defer p.back(n)
+		defer func() {
+			if !freed { // counted back once: p's count holds others' bytes too
+				p.back(n)
+			}
+		}()
 		defer f.Close()
 		var b [64]byte
 		for {
 			// A message it sent first (a late reply) is read and dropped:
 			// the end is a read of nothing, or an error once it died.
 			k, err := f.Read(b[:])
+			if k == 1 && b[0] == wire.Freed && !freed {
+				freed = true
+				p.back(n)
+				continue
+			}
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				p.d.opts.Log.Warn("a worker has not let go of a closed instance (its plover_instance_fini still runs?): its memory is counted as the driver counts it", "pid", p.pid, "bytes", n, "waited", endBound.String())
+				p.d.opts.Log.Warn("a worker has not let go of a closed instance (its plover_instance_fini, or its program's plover_unload, still runs?): its memory is counted as the driver counts it", "pid", p.pid, "bytes", n, "waited", endBound.String())
 			}
 			if k == 0 || err != nil {
 				return
@@ -120,16 +133,18 @@ var releaseGrace = 500 * time.Millisecond
 // released marks memory seen back now (see releaseGrace).
 func (d *Device) released() { d.lastRelease.Store(time.Now().UnixNano()) }
 
-// WaitFree waits until need bytes of the device are free as its driver
+// WaitFree waits until room() bytes of the device are free as its driver
 // counts them (Options.Base's MemInfo) while they may yet come: while what
 // is on its way back would make them, or within releaseGrace of some
 // coming back; and returns at once where they are not coming (the
-// allocation after it tells), ctx's error if ctx ends first. On the host
-// device, whose memory the server's own view counts, it never waits; nor
-// where the driver has the room.
-func (d *Device) WaitFree(ctx context.Context, need int64) error {
+// allocation after it tells), ctx's error if ctx ends first. room is read
+// at each look (the engine's reservations under way come and go). On the
+// host device, whose memory the server's own view counts, it never waits;
+// nor where the driver has the room.
+func (d *Device) WaitFree(ctx context.Context, room func() int64) error {
 	var t *time.Timer
 	for wait := time.Millisecond; ; wait = min(2*wait, 20*time.Millisecond) {
+		need := room()
 		f, r := d.opts.Base.MemInfo().Free, d.returning.Load()
 		recent := time.Since(time.Unix(0, d.lastRelease.Load())) < releaseGrace
 		if f >= need || !(r > 0 && f+r >= need || recent) {

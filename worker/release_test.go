@@ -52,7 +52,8 @@ func TestWaitFreeWaitsForMemoryOnItsWayBack(t *testing.T) {
 	defer func(g, w, e time.Duration) { releaseGrace, unloadWaited, endBound = g, w, e }(releaseGrace, unloadWaited, endBound)
 	type setup struct {
 		need    int64
-		release func() // lets it come back; nil: nothing holds it
+		room    *atomic.Int64 // read at each look where set, else need
+		release func()        // lets it come back; nil: nothing holds it
 	}
 	nothing := func() {} // it comes back by itself
 	cases := []struct {
@@ -104,6 +105,14 @@ func TestWaitFreeWaitsForMemoryOnItsWayBack(t *testing.T) {
 					t.Error("the worker was ended for its fini")
 				}
 			}}
+		}},
+		{name: "a room that falls as another load is done", give: func(t *testing.T, d *Device, view *driverView) setup {
+			p, m := hooksProgram(t, d, "", "-DHANG_FINI")
+			in := newInst(t, p, m)
+			in.Close()
+			room := new(atomic.Int64)
+			room.Store(in.DeviceBytes()) // with another load's, which then allocates its part
+			return setup{room: room, release: func() { room.Store(0) }}
 		}},
 		{name: "memory seen back, for the grace", grace: time.Minute, give: func(t *testing.T, d *Device, view *driverView) setup {
 			p, m := hooksProgram(t, d, "")
@@ -157,7 +166,11 @@ func TestWaitFreeWaitsForMemoryOnItsWayBack(t *testing.T) {
 			defer cancel()
 			done := make(chan error, 1)
 			reads := view.reads.Load()
-			go func() { done <- d.WaitFree(ctx, s.need) }()
+			room := func() int64 { return s.need }
+			if s.room != nil {
+				room = s.room.Load
+			}
+			go func() { done <- d.WaitFree(ctx, room) }()
 			if c.atOnce {
 				select {
 				case err := <-done:
@@ -239,4 +252,26 @@ func TestReturningComesBackToZero(t *testing.T) {
 			}
 		})
 	}
+}
+
+// An instance that holds its program's last reference in a tenant's
+// worker (the unload answered while its fini ran) is counted back once the
+// worker says it is freed (wire.Freed), and the program's constants once
+// the program is closed after it, its plover_unload (2 s here) done: not
+// both at the channel's close, which comes after the hook.
+func TestAnInstanceIsBackBeforeItsProgramsUnloadHook(t *testing.T) {
+	defer func(w time.Duration) { unloadWaited = w }(unloadWaited)
+	unloadWaited = 10 * time.Millisecond
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, TenantScope: true})
+	t.Cleanup(func() { d.Close() })
+	p, m := hooksProgram(t, d, "t", "-DSLOW_FINI_MS=1000", "-DSLOW_UNLOAD_MS=2000")
+	loadFor(t, d, "t", "", testkit.Manifest("sibling"), nil) // keeps the worker
+	in := newInst(t, p, m)
+	in.Close()
+	p.Close()
+	if r := d.returning.Load(); r != in.DeviceBytes()+4096 {
+		t.Fatalf("on their way back after the closes: %d bytes, want the instance's and the constants' %d", r, in.DeviceBytes()+4096)
+	}
+	waitFor(t, "the instance's bytes back while the unload hook runs", func() bool { return d.returning.Load() == 4096 })
+	waitFor(t, "the constants back once the program is closed", func() bool { return d.returning.Load() == 0 })
 }

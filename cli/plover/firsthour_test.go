@@ -1,7 +1,6 @@
 package main_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -240,52 +239,68 @@ func TestRunWarnsOfStateLeftInTmp(t *testing.T) {
 	}
 }
 
-// ^C on a plover run whose chain never returns: it stops at once, says it
-// was interrupted, and leaves nothing behind in the temporary directory
-// (the worker's stage links to the bundle).
+// ^C on a plover run whose chain never returns, or whose instance is being
+// made: it stops at once, says it was interrupted, and leaves nothing
+// behind in the temporary directory (the worker's stage links to the
+// bundle).
 func TestRunInterruptedCleansUp(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds binaries")
 	}
 	bin := buildPlover(t)
-	m := testkit.Manifest("spinner")
-	m.Library, m.Chain[0].Kernel = "hostile.so", "spin"
-	dir := t.TempDir()
-	testkit.BuildLib(t, testkit.HostileSource(), dir, m.Library)
-	testkit.WriteManifest(t, dir, m)
-	in := filepath.Join(t.TempDir(), "in.bin")
-	os.WriteFile(in, []byte{1}, 0o644)
-	tmp := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "run", dir, "--in", in, "--out", os.DevNull)
-	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	// Running: the worker's stage exists under the run's directory.
-	for {
-		stages, _ := filepath.Glob(filepath.Join(tmp, "plover-run-*", "worker-*"))
-		if len(stages) > 0 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("no worker stage appeared:\n%s", out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	cmd.Process.Signal(os.Interrupt)
-	err := cmd.Wait()
-	if ctx.Err() != nil {
-		t.Fatalf("plover run did not stop on ^C:\n%s", out.String())
-	}
-	if err == nil || !strings.Contains(out.String(), "interrupted") {
-		t.Fatalf("plover run after ^C: %v\n%s", err, out.String())
-	}
-	if left, _ := os.ReadDir(tmp); len(left) != 0 {
-		t.Fatalf("left behind in TMPDIR: %v", left)
+	for _, c := range []struct {
+		name, src, lib, kernel string
+		defs                   []string
+		said                   string // ^C once the bundle said it ("": once the worker's stage is there)
+	}{
+		// ^C in a chain that spins, and in a plover_instance_init of 3 s
+		// (said before as the worker's stop, not as the interrupt).
+		{name: "in a run", src: testkit.HostileSource(), lib: "hostile.so", kernel: "spin"},
+		{name: "in the instance's creation", src: testkit.HooksSource(), lib: "hooks.so", kernel: "report",
+			defs: []string{"-DSLOW_INIT_MS=3000", "-DSAY_INIT"}, said: "plover_instance_init begins"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m := testkit.Manifest("spinner")
+			m.Library, m.Chain[0].Kernel = c.lib, c.kernel
+			dir := t.TempDir()
+			testkit.BuildLib(t, c.src, dir, m.Library, c.defs...)
+			testkit.WriteManifest(t, dir, m)
+			in := filepath.Join(t.TempDir(), "in.bin")
+			os.WriteFile(in, []byte{1}, 0o644)
+			tmp := t.TempDir()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin, "run", dir, "--in", in, "--out", os.DevNull)
+			cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+			var out testkit.LogBuffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			// Running: the worker's stage exists under the run's directory,
+			// and the bundle said what the case waits for.
+			for {
+				stages, _ := filepath.Glob(filepath.Join(tmp, "plover-run-*", "worker-*"))
+				if len(stages) > 0 && strings.Contains(out.String(), c.said) {
+					break
+				}
+				if ctx.Err() != nil {
+					t.Fatalf("no worker stage appeared:\n%s", out.String())
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			cmd.Process.Signal(os.Interrupt)
+			err := cmd.Wait()
+			if ctx.Err() != nil {
+				t.Fatalf("plover run did not stop on ^C:\n%s", out.String())
+			}
+			if err == nil || !strings.Contains(out.String(), "interrupted") {
+				t.Fatalf("plover run after ^C: %v\n%s", err, out.String())
+			}
+			if left, _ := os.ReadDir(tmp); len(left) != 0 {
+				t.Fatalf("left behind in TMPDIR: %v", left)
+			}
+		})
 	}
 }
 

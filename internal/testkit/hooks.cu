@@ -4,10 +4,13 @@
 // -DFAIL_LOAD and -DFAIL_INIT make those hooks fail; -DCRASH_LOAD makes
 // plover_load segfault and -DHANG_INIT makes plover_instance_init hang (a
 // hostile bundle's hooks), -DHANG_FINI plover_instance_fini;
-// -DSLOW_INIT_MS=n and -DSLOW_FINI_MS=n make those take n ms;
+// -DSLOW_INIT_MS=n, -DSLOW_FINI_MS=n and -DSLOW_UNLOAD_MS=n make
+// plover_instance_init, _fini and plover_unload take n ms; -DSAY_INIT
+// makes plover_instance_init say on stderr that it begins;
 // -DEMPTY_INIT_MESSAGE makes plover_instance_init send a message of no
 // bytes on the worker's control channel (fd 3), ahead of the init's reply.
 #include <signal.h>
+#include <stdio.h>
 #ifdef EMPTY_INIT_MESSAGE
 #include <sys/socket.h>
 #endif
@@ -45,6 +48,9 @@ PLOVER_EXPORT void plover_load(plover_state_t *s) {
 
 PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {
   hooks_calls[1]++;
+#ifdef SAY_INIT
+  fprintf(stderr, "plover_instance_init begins\n");
+#endif
 #ifdef HANG_INIT
   for (;;) pause();
 #endif
@@ -74,6 +80,9 @@ PLOVER_EXPORT void plover_instance_fini(plover_state_t *s) {
 }
 
 PLOVER_EXPORT void plover_unload(plover_state_t *s) {
+#ifdef SLOW_UNLOAD_MS
+  usleep(SLOW_UNLOAD_MS * 1000);
+#endif
   if (s->program == &program_tag) hooks_calls[3]++;
 }
 

@@ -509,9 +509,10 @@ func (w *server) newInstance(l *loaded, maxIn, tmp, out int64, memfd, sock int) 
 		}
 		healthy, fini := w.serveInstance(l.id, sock, own, inst, maxIn, out)
 		unload := w.release(l)
-		// Closed once its memory is freed, and its program's too where
-		// this was its last reference: the server counts the memory
-		// back as it sees this end (worker/release.go).
+		// Closed once its program is let go of, and closed too where this
+		// was its last reference: the server counts the program's memory
+		// back as it sees this end, the instance's at Freed
+		// (worker/release.go).
 		unix.Close(sock)
 		hooking.Add(-1) // counted once the channel closed (serveInstance)
 		if w.faulted() != nil {
@@ -591,6 +592,8 @@ func (w *server) serveInstance(id uint32, sock int, own poolMem, inst device.Ins
 			hooking.Add(1) // until the program's release, if the close is its last
 			fini = device.CloseFault(inst)
 			unix.Munmap(own.mem)
+			// Not waited for: a server that went has nobody to tell.
+			unix.Sendto(sock, []byte{wire.Freed}, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT, nil)
 			return healthy, fini // the caller closes sock
 		}
 		if err != nil {

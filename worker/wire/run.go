@@ -47,6 +47,14 @@ const (
 	ReplyMax     = ReplyHeader + 4096
 )
 
+// Freed is what a worker sends on an instance's channel once the server
+// has ended it and the instance is freed (its plover_instance_fini run,
+// its buffers freed), before it lets go of the instance's program, which
+// the last instance may close, and then closes the channel: the server
+// counts the instance's device memory back at Freed and its program's at
+// the close (worker/release.go). Shorter than any reply.
+const Freed byte = 0xF5
+
 // The run message's flags.
 const (
 	FlagZeroTmp = 1 << iota

@@ -153,8 +153,9 @@ const (
 // is refused at its start instead of misreading a run. Bump it with any
 // change to a message, or to what one means (14: a run's output starts
 // at device.SlotOut of its input, not at max_input_bytes; 15: a run's
-// reply says when its message was read and the reply sent).
-const Protocol byte = 15
+// reply says when its message was read and the reply sent; 16: Freed on an
+// instance's channel at its end).
+const Protocol byte = 16
 
 // Reply status: the first byte of every reply.
 const (
