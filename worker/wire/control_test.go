@@ -150,12 +150,13 @@ func TestBytesOfTheProtocol(t *testing.T) {
 		name      string
 		got, want []byte
 	}{
-		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 15}},
+		{"ready", AppendReady(nil, Ready{PID: 0x01020304, Landlocked: true}), []byte{'R', 4, 3, 2, 1, 1, 16}},
 		{"load", AppendControl(nil, Control{Op: OpLoad, Prog: 0x0102, Prefix: "p", Manifest: []byte("{}")}), []byte("L\x02\x01\x00\x00\x01p{}")},
 		{"entry", AppendControl(nil, Control{Op: OpEntry, Prog: 3, Kernel: "k"}), []byte("E\x03\x00\x00\x00k")},
 		{"new instance", AppendControl(nil, Control{Op: OpNewInstance, Prog: 4, MaxIn: 1, Tmp: 2, Out: 3}),
 			[]byte{'I', 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0}},
 		{"unload", AppendControl(nil, Control{Op: OpUnload, Prog: 5}), []byte{'U', 5, 0, 0, 0}},
+		{"freed", []byte{Freed}, []byte{0xf5}},
 		{"slot", AppendControl(nil, Control{Op: OpSlot, Prog: 6, Size: 258}), []byte{'S', 6, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0}},
 		{"drop a slot", AppendControl(nil, Control{Op: OpDropSlot, Prog: 7, Slot: 258}), []byte{'D', 7, 0, 0, 0, 2, 1, 0, 0}},
 		{"slot dropped", AppendControlReply(nil, OpDropSlot, Reply{St: StOK}), []byte{0}},
@@ -182,8 +183,8 @@ func TestBytesOfTheProtocol(t *testing.T) {
 	// 11: the fatal mark on a pipe of its own (FatalFD); 12: checked
 	// mode's report there too, a checked worker given the pipe; 13:
 	// OpDropSlot; 14: a run's output at device.SlotOut of its input; 15:
-	// a run reply's clock readings.
-	if Protocol != 15 {
+	// a run reply's clock readings; 16: Freed on an instance's channel.
+	if Protocol != 16 {
 		t.Fatalf("protocol %d: write its bytes out here", Protocol)
 	}
 }
