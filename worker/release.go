@@ -14,11 +14,13 @@ import (
 
 // The server counts a program's or an instance's device memory free as it
 // closes it (used), but the driver counts it free only once the worker has
-// let go of it: an instance's buffers when the worker has read its
-// channel's end and closed its own (after the bundle's plover_instance_fini
-// and a free that waits for the context's running kernels), a tenant
-// program's when its unload is answered, a function worker's whole context
-// when the process exits. What is on its way back is counted (returning),
+// let go of it: an instance's buffers once the worker has read its
+// channel's end, run the bundle's plover_instance_fini and freed them (a
+// free may wait for the context's running kernels; it says so, wire.Freed),
+// a tenant program's once its unload is answered and its last instance's
+// channel closed (the worker closes the program with its last reference),
+// a function worker's whole context as the process exits. What is on its
+// way back is counted (returning),
 // so that the ledger's reckoning (MemInfo) sees it as the free memory it
 // is about to be, and a load waits for it (WaitFree) before it allocates:
 // on a full GPU an allocation right after an eviction failed before.
