@@ -16,6 +16,7 @@
 # logs under WORKDIR. Prints a line a request and PASS or FAIL lines; exits
 # 1 on a failure. Ends by itself: every wait is bounded.
 set -u
+. scripts/lib/bench.sh
 if [ "$#" -lt 5 ]; then
   echo "usage: $0 DEVICE BUNDLE INPUT PORT WORKDIR [SERVE FLAGS...]" >&2
   exit 2
@@ -43,18 +44,8 @@ for scope in function tenant; do
   PLOVER_STANDBY_WORKERS=0 bin/plover serve --listen "127.0.0.1:$port" --data "$work/data-$scope" --device "$dev" \
     --isolation process --worker-scope "$scope" "$@" >"$log" 2>&1 &
   spid=$!
-  up=0
-  for _ in $(seq 1 120); do
-    kill -0 "$spid" 2>/dev/null || break
-    if curl -sf -m 5 -o /dev/null "$url/healthz"; then
-      up=1
-      break
-    fi
-    sleep 0.5
-  done
-  if [ "$up" != 1 ]; then
+  if ! await_healthz "$url" "$spid" "$log"; then
     echo "FAIL: full card, $scope scope: the server did not come up"
-    tail -n 20 "$log"
     kill "$spid" 2>/dev/null
     wait "$spid" 2>/dev/null
     spid=

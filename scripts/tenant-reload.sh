@@ -12,6 +12,7 @@
 # 127.0.0.1:PORT, its data and logs under WORKDIR. Prints PASS or FAIL lines;
 # exits 1 on a failure. Ends by itself: every wait is bounded.
 set -u
+. scripts/lib/bench.sh
 if [ "$#" -ne 6 ]; then
   echo "usage: $0 DEVICE BUNDLE INPUT EXPECTED PORT WORKDIR" >&2
   exit 2
@@ -30,18 +31,8 @@ PLOVER_WORKER_SCOPE=tenant PLOVER_IDLE_TTL=2s PLOVER_STANDBY_WORKERS=0 \
 spid=$!
 trap 'kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null' EXIT
 trap 'exit 124' INT TERM # through the EXIT trap: the server goes too
-up=0
-for _ in $(seq 1 120); do
-  kill -0 "$spid" 2>/dev/null || break
-  if curl -sf -m 5 -o /dev/null "$url/healthz"; then
-    up=1
-    break
-  fi
-  sleep 0.5
-done
-if [ "$up" != 1 ]; then
+if ! await_healthz "$url" "$spid" "$work/server.log"; then
   fail "the server did not come up"
-  tail -n 20 "$work/server.log"
   exit 1
 fi
 

@@ -1,5 +1,6 @@
 # scripts/lib/bench.sh — sourced by the benchmark scripts (isolation-bench.sh,
-# cpu-per-request.sh, cold-sequence.sh, warm-sequence.sh, bench-repository.sh);
+# cpu-per-request.sh, cold-sequence.sh, warm-sequence.sh, bench-repository.sh)
+# and the GPU check's servers (tenant-reload.sh, full-card.sh);
 # run them from the repository root.
 
 # cnn_digit OUT: the first held-out digit as the CNN's input, 784 float32
@@ -31,6 +32,19 @@ server_url() {
     sleep 0.05
   done
   cat "$1" >&2
+  return 1
+}
+
+# await_healthz URL PID LOG: waits (60 s at most) for the server PID to
+# answer 200 on URL/healthz; if it exits or never does, prints the end of
+# its LOG and returns 1.
+await_healthz() {
+  for _ in $(seq 1 120); do
+    kill -0 "$2" 2>/dev/null || break
+    curl -sf -m 5 -o /dev/null "$1/healthz" && return 0
+    sleep 0.5
+  done
+  tail -n 20 "$3"
   return 1
 }
 
