@@ -22,7 +22,8 @@ const groupEmptyTime = 5 * time.Second
 // emptyGroup kills every process in the cgroup at dir and returns once the
 // group holds none: with cgroup v2's cgroup.kill where the kernel has it
 // (5.14), else by killing each process cgroup.procs lists, again until it
-// lists none (a process forking meanwhile adds one after the read). The
+// lists none (a process forking meanwhile adds one after the read; one on
+// its way out is listed until its exit leaves the group: membersOf). The
 // group reaches what a worker started however it left the worker's tree,
 // all of it at once. A process that dies is out of the group before it is
 // reaped, so this needs no reaper. Without cgroup.kill or pidfds it kills
@@ -36,12 +37,12 @@ func emptyGroup(dir string) error {
 		return nil // no cgroup; or no safe way to kill by cgroup.procs (killMember)
 	}
 	for end := time.Now().Add(groupEmptyTime); ; {
-		pids, err := membersOf(dir, ref)
-		if err != nil || len(pids) == 0 {
+		pids, listed, err := membersOf(dir, ref)
+		if err != nil || listed == 0 {
 			return err
 		}
 		if time.Now().After(end) {
-			return fmt.Errorf("cgroup %s: processes %v left after %v of kills", dir, pids, groupEmptyTime)
+			return fmt.Errorf("cgroup %s: cgroup.procs still lists %d processes after %v of kills (those /proc places there: %v)", dir, listed, groupEmptyTime, pids)
 		}
 		for _, pid := range pids {
 			killMember(pid, ref)
@@ -69,22 +70,26 @@ func writeExisting(path, text string) error {
 
 // membersOf lists the processes cgroup.procs names in the cgroup at dir
 // that /proc confirms are in ref (a pid read there may have exited and
-// been reused since); none where dir is gone.
-func membersOf(dir string, ref groupRef) ([]int, error) {
+// been reused since), and how many it names in all; none where dir is
+// gone. The two differ for a process on its way out: under cgroup v1 the
+// kernel puts an exiting process in the root group in /proc/PID/cgroup
+// while cgroup.procs still lists it and the group cannot be removed, for
+// as long as its exit takes (milliseconds for a large address space).
+func membersOf(dir string, ref groupRef) (pids []int, listed int, err error) {
 	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil, 0, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read cgroup %s: %w", dir, err)
+		return nil, 0, fmt.Errorf("read cgroup %s: %w", dir, err)
 	}
-	var pids []int
 	for _, f := range strings.Fields(string(b)) {
+		listed++
 		if pid, err := strconv.Atoi(f); err == nil && ref.has(pid) {
 			pids = append(pids, pid)
 		}
 	}
-	return pids, nil
+	return pids, listed, nil
 }
 
 // groupRef is a cgroup as /proc/PID/cgroup names it: its hierarchy (v2,

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -132,7 +134,84 @@ func groupMembers(dir string) ([]int, error) {
 	if !ok {
 		return nil, nil
 	}
-	return membersOf(dir, ref)
+	pids, _, err := membersOf(dir, ref)
+	return pids, err
+}
+
+// A killed process is listed in its group's cgroup.procs until its exit
+// leaves the group, which for a large address space takes milliseconds;
+// meanwhile cgroup v1's /proc/PID/cgroup puts it in the root group, and
+// the group cannot be removed. emptyGroup took it for gone once /proc said
+// so and returned while it was still there: the removal that followed
+// failed, and the group stayed (a dead server's sweep left it; a worker's
+// groups waited for Close). It now returns once cgroup.procs lists none.
+// Against the node's v1 hierarchies, with a process of 512 MiB.
+func TestEmptyGroupWaitsForAProcessOnItsWayOut(t *testing.T) {
+	if !contain.HavePidfds() {
+		t.Skip("no pidfds: emptyGroup kills nothing by cgroup.procs")
+	}
+	for _, ctl := range []string{"cpu", "pids"} {
+		t.Run(ctl, func(t *testing.T) {
+			home := filepath.Join(cgroupRoot, ctl, OwnGroup(ctl))
+			dir := filepath.Join(home, fmt.Sprintf("plover-test-%d-exiting", os.Getpid()))
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Skipf("no writable cgroup v1 %s hierarchy: %v", ctl, err)
+			}
+			t.Cleanup(func() { os.Remove(dir) }) // after the holder's reap
+			big := holder(t, 512)
+			if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(big.Process.Pid)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := emptyGroup(dir); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(dir); err != nil {
+				t.Errorf("the group emptyGroup returned for cannot be removed: %v (cgroup.procs %q)", err, strings.TrimSpace(readString(filepath.Join(dir, "cgroup.procs"))))
+			}
+		})
+	}
+}
+
+// holdEnv asks the test binary, started again, to hold that many MiB
+// touched and say "ready" (holdIfAsked).
+const holdEnv = "PLOVER_TEST_HOLD_MIB"
+
+// holder starts the test binary holding mib MiB, killed and reaped after
+// the test, and returns once the memory is held.
+func holder(t *testing.T, mib int) *exec.Cmd {
+	t.Helper()
+	c := exec.Command(os.Args[0])
+	c.Env = append(os.Environ(), fmt.Sprintf("%s=%d", holdEnv, mib))
+	out, err := c.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Process.Kill(); c.Wait() })
+	line := make([]byte, len("ready"))
+	if _, err := io.ReadFull(out, line); err != nil || string(line) != "ready" {
+		t.Fatalf("the holder of %d MiB did not start: %q, %v", mib, line, err)
+	}
+	return c
+}
+
+// holdIfAsked is the holder's side: it touches the MiB holdEnv asks for,
+// says so and waits to be killed (a minute at most).
+func holdIfAsked() {
+	n, err := strconv.Atoi(os.Getenv(holdEnv))
+	if err != nil {
+		return
+	}
+	b := make([]byte, n<<20)
+	for i := 0; i < len(b); i += 4096 {
+		b[i] = 1
+	}
+	os.Stdout.WriteString("ready")
+	time.Sleep(time.Minute)
+	b[0]++
+	os.Exit(0)
 }
 
 // The kernel escapes space, tab, newline and backslash as \ooo in

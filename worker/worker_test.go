@@ -26,8 +26,10 @@ import (
 )
 
 // TestMain lets the test binary be its own worker: Options.Exe is
-// os.Args[0], started as "<test binary> worker --device host ...".
+// os.Args[0], started as "<test binary> worker --device host ...", or a
+// process holding memory (holdIfAsked).
 func TestMain(m *testing.M) {
+	holdIfAsked()
 	inside.RunIfWorker()
 	code := m.Run()
 	fakecuda.Remove()
