@@ -77,7 +77,15 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		return api.FunctionInfo{}, e.diskError(name, "spooling", sink.Err)
 	}
 	if err != nil {
-		return api.FunctionInfo{}, errorf(errdefs.KindBadRequest, err, "deploy: reading the bundle")
+		// The transport's class where it gave one (a client gone); its own
+		// refusals (a stall's 408, a body cut short) are read through the
+		// wrap, and say why.
+		k, why := errdefs.KindBadRequest, err.Error()
+		var ee *errdefs.Error
+		if errors.As(err, &ee) {
+			k, why = ee.Kind, ee.Msg
+		}
+		return api.FunctionInfo{}, errorf(k, err, "deploy %s: reading the bundle: %s", name, why)
 	}
 	if n > limit {
 		return api.FunctionInfo{}, over
@@ -227,7 +235,7 @@ func (e *Engine) checkRoom(dir string, m *abi.Manifest) error {
 // node's or, for a file store, the store's), else 503 with the cause.
 func storageError(err error, format string, args ...any) error {
 	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-		return errorf(errdefs.KindNoSpace, err, format+": out of disk space (%v)", append(args, err)...)
+		return errorf(errdefs.KindNoSpace, err, format+": out of disk space (%v)", append(args, errnoOf(err))...)
 	}
 	return unavailable(err, format, args...)
 }

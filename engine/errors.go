@@ -6,9 +6,11 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/errdefs"
@@ -50,7 +52,43 @@ func unavailable(err error, format string, a ...any) *errdefs.Error {
 	if class := objectstore.ClassOf(err); class != "" {
 		return errorf(errdefs.KindUnavailable, err, "%s: %s", fmt.Sprintf(format, a...), class)
 	}
+	if op, ok := nodeFile(err); ok {
+		return errorf(errdefs.KindUnavailable, err, "%s: %s failed on this node (%v; the server's log names the file)", fmt.Sprintf(format, a...), op, errnoOf(err))
+	}
 	return errdefs.Unavailable(err, format, a...)
+}
+
+// nodeFile is the operation of a failure of this node's files (the file
+// store, the bundle cache, a worker's stage), found by its path or link
+// error: a client is told the operation and errno, never the paths, which
+// are the node's alone (the front door logs every 5xx with its cause).
+func nodeFile(err error) (op string, ok bool) {
+	var pe *os.PathError
+	var le *os.LinkError
+	switch {
+	case errors.As(err, &pe):
+		return pe.Op, true
+	case errors.As(err, &le):
+		return le.Op, true
+	}
+	return "", false
+}
+
+// errnoOf is err's errno where it has one, else what it says past its
+// paths' error.
+func errnoOf(err error) error {
+	var errno syscall.Errno
+	var pe *os.PathError
+	var le *os.LinkError
+	switch {
+	case errors.As(err, &errno):
+		return errno
+	case errors.As(err, &pe):
+		return pe.Err
+	case errors.As(err, &le):
+		return le.Err
+	}
+	return errors.New("see the server's log")
 }
 
 // inBundle names the library in a loader refusal by its file name in the

@@ -760,6 +760,27 @@ func leaveBody(ctx *fasthttp.RequestCtx) bool {
 	return true
 }
 
+// encodedBody is the Content-Encoding of a request whose body has one
+// other than identity, which no route decodes: read as sent, such a body
+// ran a function on its compressed bytes (a 200 on the wrong input) or
+// failed as JSON naming a byte the client never wrote. nil where there is
+// none, or no body.
+func encodedBody(ctx *fasthttp.RequestCtx) []byte {
+	if cl := ctx.Request.Header.ContentLength(); cl == 0 || cl == -2 {
+		return nil
+	}
+	ce := ctx.Request.Header.PeekBytes(hdrContentEncoding)
+	if len(ce) == 0 || bytes.EqualFold(ce, identity) {
+		return nil
+	}
+	return ce
+}
+
+var (
+	hdrContentEncoding = []byte("Content-Encoding")
+	identity           = []byte("identity")
+)
+
 // smuggling reports a request that carries Content-Length and
 // Transfer-Encoding (chunked, identity, anything), which RFC 9112 (6.3)
 // says to refuse and close: two parsers could disagree on where it ends.

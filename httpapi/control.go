@@ -7,12 +7,14 @@ package httpapi
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/gate"
 )
@@ -149,7 +151,8 @@ func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
 		// Marked read only when the stream itself ends; past the limit the
 		// read fails with the 413 (the engine's error wraps it), never a
 		// bundle cut short and refused as damaged.
-		body = &eofMarker{r: stream, ctx: ctx, left: int64(s.opts.MaxBodyBytes), over: over("more than " + strconv.Itoa(s.opts.MaxBodyBytes))}
+		body = &bundleReader{s: s, r: stream, ctx: ctx, left: int64(s.opts.MaxBodyBytes),
+			over: over("more than " + strconv.Itoa(s.opts.MaxBodyBytes)), length: int64(ctx.Request.Header.ContentLength())}
 	} else {
 		body = bytes.NewReader(ctx.Request.Body())
 	}
@@ -165,21 +168,51 @@ func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
 	writeJSON(ctx, status, fi)
 }
 
-// eofMarker marks the body read once its reader reaches the end.
-type eofMarker struct {
-	r    io.Reader
-	ctx  *fasthttp.RequestCtx
-	left int64 // bytes the body may still have; past them, over
-	over error
+// bundleReader reads a deploy's streamed body. It marks the body read
+// once the stream ends; fails past the limit with the 413; tells a body
+// that ends short of its Content-Length, a stall and a client gone as
+// such (400, 408, 499), not as a damaged bundle or a bad request; and
+// gives the connection the server's read timeout anew as bytes arrive
+// (at most once a second, or a quarter of the timeout): an upload is bounded between its bytes, not in
+// all, so that a large bundle over a slow link is not cut off while it
+// moves (plover deploy watches it the same way).
+type bundleReader struct {
+	s       *Server
+	r       io.Reader
+	ctx     *fasthttp.RequestCtx
+	left    int64 // bytes the body may still have; past them, over
+	over    error
+	length  int64 // its Content-Length; < 0 where it has none (chunked)
+	got     int64
+	renewed time.Time
 }
 
-func (m *eofMarker) Read(p []byte) (int, error) {
+func (m *bundleReader) Read(p []byte) (int, error) {
 	n, err := m.r.Read(p)
+	m.got += int64(n)
 	if m.left -= int64(n); m.left < 0 {
 		return n, m.over
 	}
-	if err == io.EOF {
+	if n > 0 {
+		// Renewed well before it would pass: a read a second after the last
+		// renewal would come too late for a read timeout of a second.
+		if now := time.Now(); now.Sub(m.renewed) >= min(time.Second, m.s.readTimeout()/4) {
+			m.renewed = now
+			m.ctx.Conn().SetReadDeadline(now.Add(m.s.readTimeout()))
+		}
+	}
+	switch {
+	case err == nil:
+	case (err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF)) && m.length >= 0 && m.got < m.length:
+		return n, &apierr.Error{Status: apierr.BadRequest,
+			Msg: "the bundle ended after " + strconv.FormatInt(m.got, 10) + " of its " + strconv.FormatInt(m.length, 10) + " bytes (Content-Length): send it whole"}
+	case err == io.EOF:
 		markRead(m.ctx)
+	case timedOut(err):
+		return n, &apierr.Error{Status: apierr.RequestTimeout,
+			Msg: "the bundle's upload stalled: no byte of it arrived for the server's read timeout of " + m.s.readTimeout().String() + " (after " + strconv.FormatInt(m.got, 10) + " bytes)"}
+	default:
+		return n, m.s.bodyError(err, m.s.serverLimit())
 	}
 	return n, err
 }

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -48,7 +47,7 @@ func parseInvoke(body []byte, name string) ([]byte, *call.Override, time.Duratio
 	if *b.TimeoutMs <= 0 {
 		return nil, nil, 0, badField("timeout_ms", "must be a positive number of milliseconds")
 	}
-	return in, o, time.Duration(*b.TimeoutMs) * time.Millisecond, nil
+	return in, o, timeoutOf(min(uint64(*b.TimeoutMs), maxTimeoutMs)), nil
 }
 
 func parseInvokeBody(body []byte, name string) ([]byte, *call.Override, *invokeBody, error) {
@@ -62,7 +61,7 @@ func parseInvokeBody(body []byte, name string) ([]byte, *call.Override, *invokeB
 	dec.DisallowUnknownFields()
 	var b invokeBody
 	if err := dec.Decode(&b); err != nil {
-		return nil, nil, nil, badField("body", "invalid JSON: "+strings.TrimPrefix(err.Error(), "json: "))
+		return nil, nil, nil, badField("body", bodyReason(err))
 	}
 	if dec.More() {
 		return nil, nil, nil, badField("body", "trailing data after the JSON object")

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"strconv"
@@ -374,6 +375,11 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "the request has both Content-Length and Transfer-Encoding (RFC 9112 section 6.3): send one")
 		return
 	}
+	if ce := encodedBody(ctx); ce != nil {
+		writeError(ctx, fasthttp.StatusUnsupportedMediaType, "unsupported_media_type",
+			"Content-Encoding "+strconv.Quote(string(ce))+": request bodies are read as sent; send the body uncompressed, without Content-Encoding")
+		return
+	}
 	if l := s.loopback.Load(); l != nil && misdirected(ctx, *l) {
 		return
 	}
@@ -711,12 +717,23 @@ func headerDeadline(ctx *fasthttp.RequestCtx) (time.Time, error) {
 	if len(h) == 0 {
 		return time.Time{}, nil
 	}
-	ms, err := strconv.ParseUint(unsafe.String(unsafe.SliceData(h), len(h)), 10, 32)
+	ms, err := strconv.ParseUint(unsafe.String(unsafe.SliceData(h), len(h)), 10, 64)
+	if errors.Is(err, strconv.ErrRange) {
+		ms, err = maxTimeoutMs, nil // cut to --max-timeout as any long one
+	}
 	if err != nil || ms == 0 {
 		return time.Time{}, badField("X-Plover-Timeout-Ms", strconv.Quote(string(h))+" must be a positive number of milliseconds")
 	}
-	return time.Now().Add(time.Duration(ms) * time.Millisecond), nil
+	return time.Now().Add(timeoutOf(min(ms, maxTimeoutMs))), nil
 }
+
+// maxTimeoutMs is the most milliseconds a request's timeout is read as:
+// past it a time.Duration would overflow, and any timeout longer than the
+// server's --max-timeout is cut to it anyway.
+const maxTimeoutMs = uint64(math.MaxInt64 / int64(time.Millisecond))
+
+// timeoutOf is ms milliseconds (at most maxTimeoutMs) as a duration.
+func timeoutOf(ms uint64) time.Duration { return time.Duration(ms) * time.Millisecond }
 
 func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
