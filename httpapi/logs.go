@@ -27,8 +27,8 @@ type LogReader interface {
 // often an idle one checks that its client is still there and the server
 // is not going down.
 // A stream quiet for followKeepAlive gets an empty line: a client that went
-// away without a trace (a TLS close_notify still unread hides the socket's
-// end from a peek) shows up as a failed write, and proxies see traffic.
+// away without a trace (its machine gone, no FIN) shows up as a failed
+// write, and proxies see traffic.
 // (Variables for the tests, which shorten them.)
 var (
 	followWrite     = 30 * time.Second
@@ -205,7 +205,13 @@ func (s *Server) follow(w *bufio.Writer, conn net.Conn, lines []api.LogLine, f *
 				return
 			}
 		case <-tick.C:
-			if s.notReady.Load() || connGone(conn) || !still() {
+			// Bytes from the client end it as its going does: a request
+			// pipelined behind a stream that does not end could never be
+			// answered (answers go in order), and a browser's TLS
+			// close_notify is such bytes, which hide the socket's end from
+			// a peek (its place among the token's streams was held until a
+			// keep-alive write failed, 15-30 s).
+			if s.notReady.Load() || peek(conn) != peekNothing || !still() {
 				return
 			}
 			if time.Since(last) >= followKeepAlive {

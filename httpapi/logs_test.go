@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -192,4 +193,35 @@ func TestLogsFollowEndsAtShutdown(t *testing.T) {
 	if srv.Ready() {
 		t.Fatal("ready after Shutdown")
 	}
+}
+
+// Bytes from the client after a followed stream's request end the stream
+// as the client's going does: a request pipelined behind a stream that
+// does not end could never be answered, and a browser's TLS close_notify
+// (a reloaded page's) is such bytes, hiding the socket's end from a peek,
+// so that the stream held its place among its token's streams until a
+// keep-alive write failed (15-30 s): a page limited to one stream was
+// refused its own after a reload. Here the bytes are a second request,
+// the connection left open.
+func TestLogsFollowEndsAtBytesFromItsClient(t *testing.T) {
+	adm := logAdmin{store: funclog.New(nil), followers: make(chan *funclog.Follower, 1)}
+	base := testkit.ServeWith(t, httpapi.New(frontdoor.New(frontdoor.Config{}), adm, httpapi.Options{}))
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const get = "GET /v1/functions/f/logs?follow=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+	if _, err := c.Write([]byte(get)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("follow: %v %v", resp, err)
+	}
+	f := <-adm.followers
+	if _, err := c.Write([]byte(get)); err != nil {
+		t.Fatal(err)
+	}
+	closedWithin(t, f, 5*time.Second, "its client sent bytes it can never be answered")
 }

@@ -738,4 +738,23 @@ func TestConsoleConcurrencyOne(t *testing.T) {
 	if n := refused(); n != "" {
 		t.Errorf("the server refused the overview's requests: %s", n)
 	}
+
+	// A reload: the new page asks to follow before the server has seen
+	// the old one's stream go (its poll is a second) and may be refused
+	// (429, the token's one stream): it asks again quietly, and follows.
+	b.do(30*time.Second, "talker's page, reloaded",
+		chromedp.Navigate(srv.url+"/ui/#/functions/talker"),
+		chromedp.WaitVisible(chromedp.CSS(`#versions tr.current`)),
+		chromedp.Reload(),
+		chromedp.WaitVisible(chromedp.CSS(`#versions tr.current`)))
+	if r := secDo(t, c, "POST", fn+"/invoke", tok["root"], "application/octet-stream", []byte("line-5")); r.code != 200 {
+		t.Fatalf("invoke talker: %d %.200s", r.code, r.body)
+	}
+	// The new stream sends the kept lines of the last hour as it opens,
+	// whenever that is.
+	b.do(30*time.Second, "the output followed after the reload",
+		poll(`document.getElementById("logs").textContent.includes("say: line-5")`))
+	if out := evaluate[string](b, `document.getElementById("logs").textContent`); strings.Contains(out, "output stream ended") {
+		t.Errorf("after a reload the output pane says its stream ended: %q", out)
+	}
 }

@@ -90,18 +90,33 @@ let lastOutput = null;
 // a run may take minutes, and the refresh goes on meanwhile.
 let reads = Promise.resolve();
 
+// readWait bounds how long a read waits for its answer's headers: one the
+// server holds (a slow store behind the listing) would otherwise hold
+// every later read of the page in the chain above, each view's too.
+const readWait = 15000;
+
 // api calls the server with the user's token; an error's message is the
-// server's {"error":{"message"}} when it sent one.
+// server's {"error":{"message"}} when it sent one. opts.accept lists
+// statuses besides 2xx whose answer the caller reads (/healthz's 503).
 async function api(path, opts = {}) {
   const headers = new Headers(opts.headers || {});
   const t = sessionStorage.getItem(KEY);
   if (t) headers.set("Authorization", "Bearer " + t);
-  const send = () => fetch(path, { ...opts, headers });
   let sent;
   if ((opts.method || "GET") === "GET") {
+    const send = async () => {
+      const late = new AbortController();
+      const timer = setTimeout(() => late.abort(), readWait);
+      const signal = opts.signal && AbortSignal.any ? AbortSignal.any([opts.signal, late.signal]) : opts.signal || late.signal;
+      try { return await fetch(path, { ...opts, headers, signal }); }
+      catch (e) {
+        if (late.signal.aborted && !(opts.signal && opts.signal.aborted)) throw new ApiError(path + ": no answer within " + readWait / 1000 + " s");
+        throw e;
+      } finally { clearTimeout(timer); } // the headers came: a followed stream's body goes on
+    };
     sent = reads.then(send);
     reads = sent.then(() => {}, () => {});
-  } else sent = send();
+  } else sent = fetch(path, { ...opts, headers });
   const r = await sent;
   if (r.status === 401) {
     // A request sent with a token since replaced (signed in again while it
@@ -115,7 +130,7 @@ async function api(path, opts = {}) {
     showSignIn(await serverMessage(r));
     throw new Unauthenticated(path);
   }
-  if (!r.ok) throw new ApiError(path + ": " + await serverMessage(r), r.status);
+  if (!r.ok && !(opts.accept || []).includes(r.status)) throw new ApiError(path + ": " + await serverMessage(r), r.status);
   return r;
 }
 
@@ -303,15 +318,17 @@ function overview() {
         el("td", { class: "num p50" }, ms(l.p50)), el("td", { class: "num p99" }, ms(l.p99)),
         el("td", { class: "num" }, pct(f.device_fraction)), el("td", { class: "num" }, bytes(f.device_memory_bytes || 0)));
     }));
-    const h = await (await api("/healthz")).json();
-    health.replaceChildren(el("p", { class: h.status === "ok" ? "ok" : "error" }, "status: " + h.status),
-      el("table", {}, el("tbody", {}, ...(h.devices || []).map((d) =>
-        el("tr", {}, ...Object.entries(d).map(([k, v]) => el("td", {}, k + ": " + (typeof v === "object" ? JSON.stringify(v) : v))))))));
     // A flow is a function's claim on the device's scheduler: its
     // priority and share (README, Sharing a device), what waits, what it used.
     flows.replaceChildren(...fns.filter((f) => f.kind !== "pipeline").map((f) =>
       el("tr", { "data-flow": f.name }, el("td", {}, f.name), el("td", {}, f.priority || ""), el("td", { class: "num" }, f.share ?? ""),
         el("td", { class: "num" }, f.queue_depth || 0), el("td", { class: "num" }, (f.device_seconds || 0).toFixed(3)), el("td", { class: "num" }, pct(f.device_fraction)))));
+    // An unhealthy device is a 503 with the same body, each device's error
+    // in it: shown, not taken for a failed read.
+    const h = await (await api("/healthz", { accept: [503] })).json();
+    health.replaceChildren(el("p", { class: h.status === "ok" ? "ok" : "error", id: "health-status" }, "status: " + h.status),
+      el("table", {}, el("tbody", {}, ...(h.devices || []).map((d) =>
+        el("tr", {}, ...Object.entries(d).map(([k, v]) => el("td", {}, k + ": " + (typeof v === "object" ? JSON.stringify(v) : v))))))));
   });
 }
 
@@ -482,19 +499,30 @@ function pane(pre) {
 // the token no longer reads it: the page says so and follows again after
 // a pause (1 s, doubling to 30 s while it fails), from the last line's
 // time on, so that a function deployed again under the name is followed.
+// A hidden tab follows nothing: a stream holds one of the 6 connections a
+// browser keeps to a server over HTTP/1.1, and six function pages open in
+// tabs left every other request of every tab waiting for ever. It follows
+// again, from where it was, once shown.
 async function followLogs(enc, pre) {
   const ac = new AbortController();
-  let live = true, wake = null;
-  stop.push(() => { live = false; ac.abort(); if (wake) wake(); });
+  let live = true, wake = null, round = null;
+  const seen = () => { if (document.hidden) { if (round) round.abort(); } else if (wake) wake(); };
+  document.addEventListener("visibilitychange", seen);
+  stop.push(() => { live = false; ac.abort(); document.removeEventListener("visibilitychange", seen); if (wake) wake(); });
   const show = pane(pre);
   // The last line's time, and how many lines at that time were shown: a
   // stream that starts again from that time sends them again.
-  let since = "1h", last = null, atLast = 0, pause = 1000, note = "";
+  let since = "1h", last = null, atLast = 0, pause = 1000, note = "", refusedSince = null;
   const end = (why) => { if (why !== note) show([why]); note = why; }; // once while it keeps failing
   while (live) {
+    if (document.hidden) {
+      await new Promise((res) => { wake = res; });
+      continue;
+    }
+    round = new AbortController();
     try {
-      const r = await api("/v1/functions/" + enc + "/logs?follow=true&since=" + encodeURIComponent(since), { signal: ac.signal });
-      note = ""; pause = 1000;
+      const r = await api("/v1/functions/" + enc + "/logs?follow=true&since=" + encodeURIComponent(since), { signal: AbortSignal.any([ac.signal, round.signal]) });
+      note = ""; pause = 1000; refusedSince = null;
       const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
       let buf = "", skip = atLast;
       for (;;) {
@@ -517,8 +545,14 @@ async function followLogs(enc, pre) {
       }
       end("[output stream ended]");
     } catch (e) {
-      if (e.name === "AbortError" || e instanceof Unauthenticated) return;
-      end("[output stream ended: " + visible(e.message) + "]");
+      if (e instanceof Unauthenticated || ac.signal.aborted) return;
+      if (round.signal.aborted) { if (last) since = last; continue; } // hidden: followed again once shown
+      // A token limited to one stream is refused its new one until the
+      // server sees the last page's go (a reload: up to a second's poll):
+      // asked again quietly for a few seconds before it is said.
+      const refused = e.status === 429 && /stream/.test(e.message);
+      if (refused && (refusedSince ??= Date.now()) > Date.now() - 5000) pause = 500;
+      else end("[output stream ended: " + visible(e.message) + "]");
     }
     if (last) since = last;
     await new Promise((res) => { wake = res; setTimeout(res, pause); });
