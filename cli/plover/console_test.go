@@ -757,4 +757,38 @@ func TestConsoleConcurrencyOne(t *testing.T) {
 	if out := evaluate[string](b, `document.getElementById("logs").textContent`); strings.Contains(out, "output stream ended") {
 		t.Errorf("after a reload the output pane says its stream ended: %q", out)
 	}
+
+	// A hidden tab follows nothing: the token's one stream is free for
+	// another client until the tab is shown again, when the page follows
+	// again. (Headless pages are never hidden: the page is told it is.)
+	hide := func(hidden bool) {
+		evaluate[bool](b, fmt.Sprintf(`(Object.defineProperty(document, "hidden", {value: %v, configurable: true}), document.dispatchEvent(new Event("visibilitychange")), true)`, hidden))
+	}
+	follow := func() int { // opens a stream with the page's token and ends it
+		req, _ := http.NewRequest("GET", fn+"/logs?follow=true", nil)
+		req.Header.Set("Authorization", "Bearer "+tok["one"])
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	hide(true)
+	deadline := time.Now().Add(10 * time.Second)
+	for code := follow(); code != 200; code = follow() {
+		if time.Now().After(deadline) {
+			t.Fatalf("with the page hidden, a stream with its token is still refused after 10 s: %d", code)
+		}
+		time.Sleep(200 * time.Millisecond) // the server sees the page's stream go on its next poll
+	}
+	hide(false)
+	if r := secDo(t, c, "POST", fn+"/invoke", tok["root"], "application/octet-stream", []byte("line-6")); r.code != 200 {
+		t.Fatalf("invoke talker: %d %.200s", r.code, r.body)
+	}
+	b.do(30*time.Second, "the output followed again once shown",
+		poll(`document.getElementById("logs").textContent.includes("say: line-6")`))
+	if out := evaluate[string](b, `document.getElementById("logs").textContent`); strings.Contains(out, "output stream ended") {
+		t.Errorf("after the tab was shown again the output pane says its stream ended: %q", out)
+	}
 }
