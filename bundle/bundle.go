@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sync"
 	"syscall"
 	"time"
 
@@ -321,7 +322,11 @@ func Unpack(r io.Reader, dst string, maxUnpacked int64) (*abi.Manifest, error) {
 // the manifest read by parse and then put to check (nil: none), whose
 // error it returns as it is, before anything is written.
 func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault, parse parser, check func(*abi.Manifest) error) (*abi.Manifest, error) {
-	zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(64<<20))
+	// The archive's own reads kept apart: one that fails is this node's
+	// disk (the spool, the fetched copy), not a damaged bundle, which a
+	// refusal would condemn for good.
+	in := &readErr{r: r}
+	zr, err := zstd.NewReader(in, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(64<<20))
 	if err != nil {
 		return nil, fmt.Errorf("unpack: %w", err)
 	}
@@ -341,6 +346,12 @@ func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault, parse 
 		}
 		if errors.Is(err, errStream) {
 			return nil, refuse("unpacks to more than %d bytes, with its tar metadata", maxUnpacked)
+		}
+		if err != nil && in.err != nil {
+			return nil, fmt.Errorf("unpack: reading the archive: %w", in.err)
+		}
+		if errors.Is(err, zstd.ErrWindowSizeExceeded) {
+			return nil, refuse("its zstd window is over 64 MiB: pack it with plover deploy, or zstd without --long past 26")
 		}
 		if err != nil {
 			return nil, refuse("corrupt archive: %v", err)
@@ -383,14 +394,16 @@ func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault, parse 
 			if m.Constants != "" {
 				want[m.Constants] = true
 			}
-			err = copyFile(filepath.Join(dst, abi.ManifestFile), bytes.NewReader(raw), int64(len(raw)), fault)
+			err = copyFile(filepath.Join(dst, abi.ManifestFile), bytes.NewReader(raw), int64(len(raw)), fault, nil)
 		case !want[hdr.Name]:
 			return nil, refuse("unexpected entry %q (library is %q, constants %q)", hdr.Name, m.Library, m.Constants)
 		default:
 			delete(want, hdr.Name)
 			path := filepath.Join(dst, hdr.Name)
-			if err = room(path, hdr.Size); err == nil {
-				err = copyFile(path, tr, hdr.Size, fault)
+			var cl *claim
+			if cl, err = room(path, hdr.Size); err == nil {
+				err = copyFile(path, tr, hdr.Size, fault, cl)
+				cl.done()
 			}
 		}
 		if err != nil {
@@ -406,25 +419,84 @@ func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault, parse 
 	return m, nil
 }
 
-// room fails with ENOSPC, before any of it is written, a file of size
-// bytes at path that its disk has no room for: a bundle of a few KB can
-// unpack to gigabytes of zeros, which, written until the disk is full,
-// would fail every other function's cold start and deploy on the node
-// meanwhile. A disk that cannot say (no statfs, or no blocks counted, as
-// some FUSE file systems report) is left to the writes to tell.
-func room(path string, size int64) error {
+// room claims size bytes for a file at path on its disk, failing with
+// ENOSPC, before any of it is written, where the disk has no room for
+// them beside what other unpacks of this process have claimed and not
+// yet written: a bundle of a few KB can unpack to gigabytes of zeros,
+// which, written until the disk is full, would fail every other
+// function's cold start and deploy on the node meanwhile; and unpacks
+// started together (a poll's pre-warms, deploys) would each find the same
+// free space. The claim shrinks as its bytes are written (claim.Write)
+// and is given up by done. A disk that cannot say (no statfs, or no
+// blocks counted, as some FUSE file systems report) is left to the writes
+// to tell.
+func room(path string, size int64) (*claim, error) {
 	var st unix.Statfs_t
 	if unix.Statfs(filepath.Dir(path), &st) != nil || st.Blocks == 0 {
-		return nil
+		return nil, nil
 	}
 	unit := uint64(st.Frsize) // f_bavail counts fragments on Linux
 	if unit == 0 {
 		unit = uint64(st.Bsize)
 	}
-	if free := st.Bavail * unit; uint64(size) > free {
-		return fmt.Errorf("unpack %s: %d bytes, and its disk has %d free: %w", path, size, free, syscall.ENOSPC)
+	free := st.Bavail * unit
+	unwritten.Lock()
+	defer unwritten.Unlock()
+	others := uint64(unwritten.by[st.Fsid])
+	if uint64(size) > free || uint64(size) > free-min(free, others) {
+		return nil, fmt.Errorf("unpack %s: %d bytes, and its disk has %d free, %d of them claimed by other unpacks under way: %w", path, size, free, others, syscall.ENOSPC)
 	}
-	return nil
+	unwritten.by[st.Fsid] += size
+	return &claim{fs: st.Fsid, left: size}, nil
+}
+
+// unwritten is, by file system, the bytes this process's unpacks have
+// claimed (room) and not written yet.
+var unwritten = struct {
+	sync.Mutex
+	by map[unix.Fsid]int64
+}{by: map[unix.Fsid]int64{}}
+
+// claim is one file's room on its disk, counted down as it is written.
+// A nil claim counts nothing (a disk that cannot say).
+type claim struct {
+	fs   unix.Fsid
+	left int64
+}
+
+// wrote counts n more bytes of the file written: the disk's free space
+// shows them now.
+func (c *claim) wrote(n int64) {
+	if c == nil || n <= 0 {
+		return
+	}
+	n = min(n, c.left)
+	c.left -= n
+	unwritten.Lock()
+	if unwritten.by[c.fs] -= n; unwritten.by[c.fs] <= 0 {
+		delete(unwritten.by, c.fs)
+	}
+	unwritten.Unlock()
+}
+
+// done gives up what is left of the claim (the file ended short, or its
+// write failed).
+func (c *claim) done() {
+	if c != nil {
+		c.wrote(c.left)
+	}
+}
+
+// claimWriter counts what it writes down from its claim.
+type claimWriter struct {
+	w  io.Writer
+	cl *claim
+}
+
+func (w claimWriter) Write(p []byte) (int, error) {
+	n, err := w.w.Write(p)
+	w.cl.wrote(int64(n))
+	return n, err
 }
 
 // tarSlack is what an archive may hold beyond its files' bytes: headers,
@@ -461,13 +533,13 @@ func satAdd(a, b int64) int64 {
 	return a + b
 }
 
-func copyFile(path string, r io.Reader, size int64, fault WriteFault) error {
+func copyFile(path string, r io.Reader, size int64, fault WriteFault, cl *claim) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return fmt.Errorf("unpack: %w", err)
 	}
 	src := &readErr{r: io.LimitReader(r, size)}
-	n, err := io.Copy(fault.Wrap(f, path), src)
+	n, err := io.Copy(claimWriter{w: fault.Wrap(f, path), cl: cl}, src)
 	switch {
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		err = nil // the archive ends inside the entry: refused below, named

@@ -93,7 +93,13 @@ func TestUnpackRefusesHostileArchives(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			dst := t.TempDir()
+			// Two levels deep, so that an entry two levels up (x/../../)
+			// would land in the tree checkTree walks.
+			root := t.TempDir()
+			dst := filepath.Join(root, "a", "b")
+			if err := os.MkdirAll(dst, 0o755); err != nil {
+				t.Fatal(err)
+			}
 			m, err := Unpack(bytes.NewReader(tt.data), dst, 1<<20)
 			if tt.want == "" {
 				if err != nil {
@@ -108,10 +114,8 @@ func TestUnpackRefusesHostileArchives(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("Unpack error = %v, want %q", err, tt.want)
 			}
-			// Nothing may be written outside dst.
-			if _, err := os.Stat(filepath.Join(filepath.Dir(dst), "lib.so")); err == nil {
-				t.Fatal("an entry escaped the destination")
-			}
+			// Nothing may be written outside dst, nor anything but plain files in it.
+			checkTree(t, root, dst)
 		})
 	}
 }

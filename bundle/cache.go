@@ -31,6 +31,13 @@ type Cache struct {
 	maxUnpacked int64
 	maxBytes    int64 // 0: no limit
 
+	// fetches bounds the bundles this node fetches and unpacks at once
+	// for cold starts and pre-warms (deploys take the engine's own
+	// turns): each writes an archive and its unpacked files of up to 4
+	// GiB each and holds a zstd window, and a poll that brings many new
+	// versions starts a pre-warm for each.
+	fetches chan struct{}
+
 	mu      sync.Mutex
 	locks   map[string]*shaLock // only while held or waited for (lock)
 	entries map[string]*cacheEntry
@@ -72,7 +79,8 @@ func NewCache(dir string, maxUnpacked, maxBytes int64) (*Cache, error) {
 	if maxUnpacked <= 0 {
 		maxUnpacked = DefaultMaxUnpacked
 	}
-	c := &Cache{dir: dir, maxUnpacked: maxUnpacked, maxBytes: maxBytes, locks: map[string]*shaLock{}, entries: map[string]*cacheEntry{}}
+	c := &Cache{dir: dir, maxUnpacked: maxUnpacked, maxBytes: maxBytes, fetches: make(chan struct{}, FetchTurns),
+		locks: map[string]*shaLock{}, entries: map[string]*cacheEntry{}}
 	des, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("bundle cache: %w", err)
@@ -445,10 +453,21 @@ func (c *Cache) lock(ctx context.Context, sha string) (unlock func(), err error)
 	}, nil
 }
 
-// fetch reads bundle sha from store into dir; a directory in dir's way is
+// FetchTurns is how many bundles a node fetches and unpacks at once (Get),
+// besides the deploys the engine lets unpack.
+const FetchTurns = 2
+
+// fetch reads bundle sha from store into dir, in one of the cache's
+// turns; a directory in dir's way is
 // set aside and added to aside, for the caller to remove once it let go
 // of sha's lock.
 func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir string, aside *[]string) (*abi.Manifest, stamps, int64, error) {
+	select {
+	case c.fetches <- struct{}{}:
+		defer func() { <-c.fetches }()
+	case <-ctx.Done():
+		return nil, nil, 0, &FetchError{Err: fmt.Errorf("waiting for a turn to fetch bundle %s (this node fetches and unpacks %d at once): %w", sha, FetchTurns, ctx.Err())}
+	}
 	rc, err := store.Get(ctx, ObjectKey(sha))
 	if err != nil {
 		return nil, nil, 0, &FetchError{Err: err}

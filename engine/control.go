@@ -65,7 +65,7 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	}
 	tmp, err := os.CreateTemp(e.cfg.SpoolDir, "plover-deploy-*")
 	if err != nil {
-		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "deploy: temp file")
+		return api.FunctionInfo{}, e.diskError(name, "spooling", err)
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
@@ -104,7 +104,7 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		return api.FunctionInfo{}, e.unpackError(name, err)
 	}
 	defer os.RemoveAll(dir)
-	if err := checkBundle(dir, m); err != nil {
+	if err := e.checkBundle(name, dir, m); err != nil {
 		return api.FunctionInfo{}, err
 	}
 	if err := e.checkRoom(dir, m); err != nil {
@@ -183,12 +183,17 @@ func (c *Control) landed(ctx context.Context, f *function, name string, rv api.V
 }
 
 // checkBundle checks an unpacked bundle, whose manifest checkManifest
-// passed, as every bundle is checked (loader.CheckBundle).
-func checkBundle(dir string, m *abi.Manifest) error {
+// passed, as every bundle is checked (loader.CheckBundle). The library
+// read failing on this node's disk (EIO, EMFILE) is the node's failure,
+// not a refusal naming where the node keeps the bundle.
+func (e *Engine) checkBundle(name, dir string, m *abi.Manifest) error {
 	if m.IsPipeline() {
 		return nil // no library: its steps are checked against the store (checkPipeline)
 	}
 	if _, err := loader.CheckBundle(dir, m, m.Target); err != nil {
+		if isNodeFault(err) {
+			return e.diskError(name, "checking", err)
+		}
 		err = inBundle(err, dir, m.Library)
 		return errorf(errdefs.KindInvalid, err, "%s", err.Error())
 	}
@@ -206,7 +211,7 @@ func (e *Engine) checkRoom(dir string, m *abi.Manifest) error {
 	if m.Constants != "" {
 		fi, err := os.Stat(filepath.Join(dir, m.Constants))
 		if err != nil {
-			return errorf(errdefs.KindInternal, err, "deploy %s: constants", m.Name)
+			return e.diskError(m.Name, "checking", err)
 		}
 		constSize = fi.Size()
 	}
