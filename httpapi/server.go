@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/netip"
 	"strconv"
@@ -690,8 +689,6 @@ func (s *Server) writeMeta(ctx *fasthttp.RequestCtx, c *exchange) {
 	h.SetCanonical(hdrVersion, s2b(c.req.Version))
 }
 
-var hdrTimeout = []byte("X-Plover-Timeout-Ms")
-
 // begin begins an invoke's request at the door, from when fasthttp began it
 // and the deadline X-Plover-Timeout-Ms asks for (none, or one that cannot
 // be read: the server's). Every invoke is begun, a bad header's too: its
@@ -710,30 +707,6 @@ func started(ctx *fasthttp.RequestCtx) time.Time {
 	}
 	return time.Now()
 }
-
-// headerDeadline is the deadline X-Plover-Timeout-Ms asks for, or zero.
-func headerDeadline(ctx *fasthttp.RequestCtx) (time.Time, error) {
-	h := ctx.Request.Header.PeekBytes(hdrTimeout)
-	if len(h) == 0 {
-		return time.Time{}, nil
-	}
-	ms, err := strconv.ParseUint(unsafe.String(unsafe.SliceData(h), len(h)), 10, 64)
-	if errors.Is(err, strconv.ErrRange) {
-		ms, err = maxTimeoutMs, nil // cut to --max-timeout as any long one
-	}
-	if err != nil || ms == 0 {
-		return time.Time{}, badField("X-Plover-Timeout-Ms", strconv.Quote(string(h))+" must be a positive number of milliseconds")
-	}
-	return time.Now().Add(timeoutOf(min(ms, maxTimeoutMs))), nil
-}
-
-// maxTimeoutMs is the most milliseconds a request's timeout is read as:
-// past it a time.Duration would overflow, and any timeout longer than the
-// server's --max-timeout is cut to it anyway.
-const maxTimeoutMs = uint64(math.MaxInt64 / int64(time.Millisecond))
-
-// timeoutOf is ms milliseconds (at most maxTimeoutMs) as a duration.
-func timeoutOf(ms uint64) time.Duration { return time.Duration(ms) * time.Millisecond }
 
 func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
