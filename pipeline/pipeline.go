@@ -556,6 +556,13 @@ type run struct {
 	copied atomic.Int64
 }
 
+// stepGone is a step's request's Gone: its client left, or a parallel
+// branch failed (a step still waiting in its function's queue or the
+// scheduler's is given up; one running runs on).
+func (x *run) stepGone() bool {
+	return x.failed.Load() || (x.gone != nil && x.gone())
+}
+
 // errSibling is a branch stopped because another branch failed: never
 // the request's answer while that failure is there to give.
 var errSibling = errors.New("pipeline: a parallel branch failed")
@@ -620,9 +627,14 @@ func (x *run) before(st *stage) error {
 // request's own input.
 func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]call.StepTiming, client bool) ([]byte, error) {
 	if st.par == nil {
-		sub := call.Request{Input: in, Output: dst, Deadline: x.deadline, Gone: x.gone}
+		sub := call.Request{Input: in, Output: dst, Deadline: x.deadline, Gone: x.stepGone}
 		begin := time.Since(x.t0)
 		err := st.pin.Invoke(ctx, &sub)
+		if errdefs.KindOf(err) == errdefs.KindGone && x.failed.Load() && (x.gone == nil || !x.gone()) {
+			// Given up in its queue for a sibling's failure: the request
+			// is lost, and its answer waits for no step of this branch.
+			return sub.Output, errSibling
+		}
 		if err != nil && !client {
 			err = unfit(err)
 		}

@@ -54,3 +54,40 @@ func TestSiblingStopIsNoErrorOfItsFunction(t *testing.T) {
 		t.Errorf("slow (healthy, only stopped for its sibling's failure) counts %d server errors; %d step error series, want 1 (failing's)", fi.Errors, n)
 	}
 }
+
+// A branch whose step waits in its function's queue when a sibling fails
+// gives the wait up: the pipeline answers the failure at once, not after
+// the queued step got an instance and ran (here, after the request ahead
+// of it, 3 s). The step given up is its function's client error (its
+// caller went), no server error.
+func TestAQueuedSiblingGivesUpAtAFailure(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{Timeout: 30 * time.Second})
+	failing := testkit.Manifest("failing")
+	failing.Chain = []abi.Launch{{Kernel: "fail", Grid: 1, Block: 1}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, failing, nil))
+	slow := testkit.Slow("slow", 3000)
+	slow.MaxInstances = 1
+	testkit.Deploy(t, e, testkit.BundleDir(t, slow, nil))
+	testkit.Deploy(t, e, pipelineDir(t, "p", map[string]any{"parallel": []string{"slow", "failing"}}))
+	busy := make(chan error, 1)
+	go func() { busy <- e.Invoke(context.Background(), "slow", &call.Request{Input: []byte("x")}) }()
+	testkit.WaitFor(t, e, "slow", "its instance busy", func(fi api.FunctionInfo) bool { return fi.Busy == 1 })
+	err := pipeline.New(e, prometheus.NewRegistry()).Invoke(context.Background(), "p", &call.Request{Input: []byte("x")})
+	var ahead error
+	select {
+	case ahead = <-busy:
+		t.Errorf("the pipeline answered (%v) only after the request ahead of its queued step ended", err)
+	default:
+		ahead = <-busy
+	}
+	if errdefs.KindOf(err) != errdefs.KindKernel {
+		t.Errorf("err = %v, want failing's failure", err)
+	}
+	if ahead != nil {
+		t.Fatal(ahead)
+	}
+	fi, _ := e.Control().Function(context.Background(), "slow")
+	if fi.Errors != 0 {
+		t.Errorf("slow counts %d server errors, want 0", fi.Errors)
+	}
+}

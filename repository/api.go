@@ -5,6 +5,7 @@ package repository
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -99,6 +100,9 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 	if !ok {
 		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", errdefs.QuoteName(name), r.top)
 	}
+	if f, err = r.settledNow(ctx, name, f); err != nil {
+		return err
+	}
 	defer r.saveKept()
 	r.mu.Lock()
 	m := r.modelLocked(name, f)
@@ -116,7 +120,9 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 	vers, _, err := r.versionsOf(m)
 	// A load applies the folder: its highest version becomes current
 	// even over a plover deploy since (which a scan leaves current).
-	r.deploy(ctx, m, vers, err, true)
+	// Under guard as a scan's: a panic (a library that breaks a check)
+	// leaves m UNAVAILABLE, not LOADING for good.
+	r.guard(m, func() { r.deploy(ctx, m, vers, err, true) })
 	r.mu.Lock()
 	if m.retry || m.state == Loading {
 		// Run's scans try it again (without Poll they wait for this),
@@ -151,6 +157,53 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 		}
 	}
 	return nil
+}
+
+// settledNow is name's folder f once its files have been still for the
+// settle time, as a scan deploys it: a load right after a copy waits for
+// it to settle (within twice the settle time and ctx) rather than deploy
+// what is there so far under the folder's label. 503 while it changes.
+// Called with the turn.
+func (r *Repository) settledNow(ctx context.Context, name string, f folder) (folder, error) {
+	giveUp := time.Now().Add(2 * r.cfg.Settle)
+	seenAt := time.Now()
+	for !f.unreadable {
+		wait := r.cfg.Settle - time.Since(f.stillSince(seenAt))
+		if f.err != nil {
+			wait = max(wait, r.cfg.Settle/4) // a file going while it was read
+		}
+		if wait <= 0 {
+			break
+		}
+		if time.Now().Add(wait).After(giveUp) {
+			why := "its files changed within the last " + r.cfg.Settle.String()
+			if f.err != nil {
+				why = "cannot read it yet: " + f.why
+			}
+			return f, errdefs.Unavailable(nil, "load %s: %s: still being copied; load it again once the copy ends", name, why)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return f, errdefs.New(errdefs.KindTimeout, ctx.Err(), "load %s: the deadline passed while its folder settled (files changed within the last %s)", name, r.cfg.Settle)
+			}
+			return f, errdefs.New(errdefs.KindGone, ctx.Err(), "load %s: gone while its folder settled", name)
+		case <-t.C:
+		}
+		g, ok, err := r.listOne(name)
+		switch {
+		case err != nil:
+			return f, errdefs.New(errdefs.KindUnavailable, err, "load %s: cannot read the model repository: %s", name, r.quiet(err))
+		case !ok:
+			return f, errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", errdefs.QuoteName(name), r.top)
+		case g.print != f.print || g.err != nil:
+			seenAt = time.Now()
+		}
+		f = g
+	}
+	return f, nil
 }
 
 // unready is why the node cannot run v, a deployed version of name, and

@@ -14,6 +14,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -34,6 +35,10 @@ type folder struct {
 	// removal in progress) but stays until the folder changes (a folder
 	// the server may not read, a volume's I/O error).
 	unreadable bool
+	// why is err as the index shows it, found with the listing (it may
+	// follow links: never under r.mu): an unreadable folder's reason
+	// (unreadableAt), else err's text with no path of the server's.
+	why string
 	// versions: the folder holds version folders (no manifest at its
 	// top), and only they, and a manifest appearing there, are what it is
 	// (walk).
@@ -42,21 +47,23 @@ type folder struct {
 
 // list finds the repository's model folders: DIR itself when it is one
 // bundle, else its subdirectories (not hidden ones). Called with the turn.
-func (r *Repository) list() (map[string]folder, error) {
-	out, whole := r.listSingle()
+// wait: a manifest at DIR's top may make DIR one bundle once DIR
+// settles (becomesSingle): the scans go on meanwhile.
+func (r *Repository) list() (found map[string]folder, wait bool, err error) {
+	out, whole, wait := r.listSingle(true)
 	if whole {
-		return out, nil
+		return out, false, nil
 	}
 	ents, err := os.ReadDir(r.cfg.Dir)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	for _, e := range ents {
 		if f, ok := r.entry(e); ok {
 			out[e.Name()] = f
 		}
 	}
-	return out, nil
+	return out, wait, nil
 }
 
 // listOne is list for the model folder name alone (a load's): the other
@@ -64,7 +71,7 @@ func (r *Repository) list() (map[string]folder, error) {
 // repository, nor wait on a folder a volume stalls. ok is false when name
 // is no model folder of the repository. Called with the turn.
 func (r *Repository) listOne(name string) (f folder, ok bool, err error) {
-	if out, whole := r.listSingle(); whole {
+	if out, whole, _ := r.listSingle(false); whole {
 		f, ok = out[name]
 		return f, ok, nil
 	}
@@ -93,12 +100,25 @@ func (r *Repository) listOne(name string) (f folder, ok bool, err error) {
 }
 
 // listSingle is list while DIR is one bundle: its one model folder, and
-// whole true; else an empty map to fill from DIR's entries.
-func (r *Repository) listSingle() (out map[string]folder, whole bool) {
+// whole true; else an empty map to fill from DIR's entries. Only a scan
+// (switch) turns model folders into one bundle (becomesSingle); wait
+// says it may once DIR settles.
+func (r *Repository) listSingle(switch_ bool) (out map[string]folder, whole, wait bool) {
 	out = map[string]folder{}
 	_, absent := os.Stat(filepath.Join(r.cfg.Dir, abi.ManifestFile))
+	if r.single == "" && absent == nil {
+		if !switch_ {
+			return out, false, false
+		}
+		if ok, wait := r.becomesSingle(); !ok {
+			return out, false, wait
+		}
+	}
+	if r.single == "" && absent != nil {
+		r.topSeen, r.topWarned = "", false
+	}
 	if absent == nil || r.single != "" {
-		f := look(r.cfg.Dir, r.cfg.Name != "")
+		f := r.reasoned(look(r.cfg.Dir, r.cfg.Name != ""))
 		// --repository-name, else the manifest's name; while it does
 		// not parse (being copied), the name served so far, or at first
 		// the directory's, under which its reason shows.
@@ -122,18 +142,96 @@ func (r *Repository) listSingle() (out map[string]folder, whole bool) {
 			}
 			if f.err == nil {
 				f.err = fmt.Errorf("%s: waiting for it to settle", why)
+				f.why = f.err.Error()
 			}
 			out[r.single] = f
-			return out, true
+			return out, true, false
 		}
 		if absent == nil {
 			r.single = name
 			out[name] = f
-			return out, true
+			return out, true, false
 		}
 		r.single = "" // the manifest went for good: DIR holds model folders
 	}
-	return out, false
+	return out, false, false
+}
+
+// becomesSingle reports whether DIR, served as model folders, is now one
+// bundle (a manifest at its top, found by a scan): only while no folder
+// in it is a model's, and, once the scans have found models in it (a
+// copy's first folders, build/), only when that manifest parses and DIR
+// has not changed for the settle time. A plover.json dropped at the top
+// of a repository of models (a stray cp) is left alone, said in the log:
+// taken for one bundle, every model's function would go. wait: DIR may
+// yet become one (still settling). Called with the turn.
+func (r *Repository) becomesSingle() (ok, wait bool) {
+	if models := r.modelFolders(); len(models) > 0 {
+		if !r.topWarned {
+			r.topWarned = true
+			r.cfg.Log.Warn("model repository: a "+abi.ManifestFile+" at its top is left alone: it holds model folders, and is served as such (remove the file, or the folders, to serve it as one bundle)",
+				"dir", r.cfg.Dir, "model_folders", models)
+		}
+		r.topSeen = ""
+		return false, false
+	}
+	r.topWarned = false
+	r.mu.Lock()
+	known := len(r.models)
+	r.mu.Unlock()
+	if known == 0 {
+		// Nothing served from folders (a start, a volume being filled):
+		// DIR's function shows LOADING while its manifest is written.
+		return true, false
+	}
+	f := look(r.cfg.Dir, false)
+	now := time.Now()
+	if f.print != r.topSeen {
+		r.topSeen, r.topSeenAt = f.print, now
+		return false, true
+	}
+	if _, err := bundle.ReadManifest(r.cfg.Dir); err != nil || f.err != nil || now.Sub(f.stillSince(r.topSeenAt)) < r.cfg.Settle {
+		return false, true
+	}
+	r.topSeen = ""
+	r.switching = true
+	return true, false
+}
+
+// modelFolders names DIR's folders that are models' (a manifest at their
+// top or in a version folder) or may be (one that cannot be read now).
+func (r *Repository) modelFolders() []string {
+	ents, err := os.ReadDir(r.cfg.Dir)
+	if err != nil {
+		return []string{"(" + r.quiet(err) + ")"}
+	}
+	var out []string
+	for _, e := range ents {
+		if _, ok := r.entry(e); !ok {
+			continue
+		}
+		if isModel(filepath.Join(r.cfg.Dir, e.Name())) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// isModel reports whether dir holds a bundle at its top or in a version
+// folder, or cannot be read (it may).
+func isModel(dir string) bool {
+	has := func(d string) bool {
+		_, err := os.Stat(filepath.Join(d, abi.ManifestFile))
+		return err == nil || !leadsNowhere(err)
+	}
+	if has(dir) {
+		return true
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return !leadsNowhere(err)
+	}
+	return slices.ContainsFunc(ents, func(e fs.DirEntry) bool { return isVersion(e.Name()) && has(filepath.Join(dir, e.Name())) })
 }
 
 // entry is the model folder e of DIR, looked at, or ok false for an entry
@@ -151,11 +249,23 @@ func (r *Repository) entry(e fs.DirEntry) (f folder, ok bool) {
 		// A link that may lead to a file beside the models (notes.txt)
 		// and could name no function: left alone, as such a file is.
 	case err != nil:
-		return lookLink(p, err), true
+		return r.reasoned(lookLink(p, err)), true
 	case dir: // not files beside models (a README)
-		return look(p, false), true
+		return r.reasoned(look(p, false)), true
 	}
 	return folder{}, false
+}
+
+// reasoned is f with why set.
+func (r *Repository) reasoned(f folder) folder {
+	switch {
+	case f.unreadable:
+		f.why = unreadableAt(r.where(f.dir), f.dir, f.err)
+	case f.err != nil:
+		// Walked where its links lead (cnn -> /srv/releases/cnn-v7).
+		f.why = r.quiet(errors.New(strings.ReplaceAll(f.err.Error(), resolved(f.dir), r.where(f.dir))))
+	}
+	return f
 }
 
 // still reports whether DIR, as one bundle, is as the last scan saw it
@@ -331,7 +441,9 @@ const (
 // errno, "models/cnn/1/b.bin: unreadable (permission denied)". The
 // server's paths (DIR, where a link leads) are the log's alone.
 func unreadableAt(where, dir string, err error) string {
-	why := strings.ReplaceAll(err.Error(), dir, where)
+	// Where a link leads first: it may begin with dir's path.
+	why := strings.ReplaceAll(err.Error(), resolved(dir), where)
+	why = strings.ReplaceAll(why, dir, where)
 	var pe *fs.PathError
 	var errno syscall.Errno
 	switch {

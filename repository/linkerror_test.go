@@ -114,3 +114,26 @@ func TestLinkUnreadableForAScanComesBack(t *testing.T) {
 		t.Fatalf("readable again as it was: index %q, want %q as before", got, before)
 	}
 }
+
+// A relative --repository (with a trailing slash, as a shell completes
+// it) names a folder's failure once: "models/cnn: unreadable (...)" (the
+// reason named the folder twice, models/cnn/models/cnn, the path of the
+// error being relative too).
+func TestARelativeRepositoryNamesAFolderOnce(t *testing.T) {
+	d := t.TempDir()
+	t.Chdir(d)
+	writeBundle(t, filepath.Join("releases", "v1"), "cnn", false)
+	os.MkdirAll("models", 0o755)
+	if err := os.Symlink(filepath.Join(d, "releases", "v1"), filepath.Join("models", "cnn")); err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Config{Dir: "models/", Poll: time.Hour, Settle: 10 * time.Millisecond}, newFakeNode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	failStat(t, filepath.Join(d, "models", "cnn"))
+	waitFor(t, r, 10, "cnn unavailable", func() bool { return strings.Contains(index(r), "UNAVAILABLE") })
+	if got, want := index(r), "cnn/ UNAVAILABLE (models/cnn: unreadable (permission denied): tried again when it changes); "; got != want {
+		t.Errorf("index: %s, want %s", got, want)
+	}
+}

@@ -92,3 +92,58 @@ func TestLoadNamesNoPath(t *testing.T) {
 		t.Errorf("load cnn: %v, current %q", err, node.current("cnn"))
 	}
 }
+
+// A load right after a copy deploys the folder once it has been still
+// for the settle time, as a scan would, not the copy as it is so far; a
+// folder that goes on changing is 503 (still being copied), and a load
+// whose deadline comes first is 504.
+func TestLoadWaitsForItsFolderToSettle(t *testing.T) {
+	const settle = 300 * time.Millisecond
+	for _, c := range []struct {
+		what     string
+		writes   int           // rewrites of b.bin, one every settle/3 after the load began
+		deadline time.Duration // the load's
+		kind     errdefs.Kind
+		deployed string // b.bin's bytes deployed, "" for none
+	}{
+		{"just copied, a file written again", 1, 10 * time.Second, errdefs.KindInternal, "v1"},
+		{"written on", 12, 10 * time.Second, errdefs.KindUnavailable, ""},
+		{"a short deadline", 0, settle / 3, errdefs.KindTimeout, ""},
+	} {
+		t.Run(c.what, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), c.deadline)
+			defer cancel()
+			models := filepath.Join(t.TempDir(), "models")
+			dir := filepath.Join(models, "cnn", "1")
+			writeBundle(t, dir, "cnn", true)
+			os.WriteFile(filepath.Join(dir, "b.bin"), []byte("v0"), 0o644)
+			node := newFakeNode()
+			r, _ := New(Config{Dir: models, Poll: time.Hour, Settle: settle}, node)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for i := 1; i <= c.writes; i++ {
+					time.Sleep(settle / 3)
+					os.WriteFile(filepath.Join(dir, "b.bin"), []byte("v"+strconv.Itoa(i)), 0o644)
+				}
+			}()
+			err := r.Load(ctx, "cnn")
+			<-done
+			if c.deployed == "" {
+				if errdefs.KindOf(err) != c.kind || node.current("cnn") != "" {
+					t.Fatalf("load: %v (kind %d), current %q; want kind %d and nothing deployed", err, errdefs.KindOf(err), node.current("cnn"), c.kind)
+				}
+				if c.kind == errdefs.KindUnavailable && !strings.Contains(err.Error(), "still being copied") {
+					t.Errorf("load of a folder being written: %v, want it to say it is still being copied", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("load: %v", err)
+			}
+			if got := node.constants("cnn"); got != c.deployed {
+				t.Errorf("deployed constants %q, want %q", got, c.deployed)
+			}
+		})
+	}
+}

@@ -69,7 +69,7 @@ func TestNoBundleOnlyOnceItIsSo(t *testing.T) {
 			// That scan's steps, the change between its look and its deploy;
 			// its look a second on (the link just made has settled then).
 			r.take(ctx)
-			found, _ := r.list()
+			found, _, _ := r.list()
 			r.mu.Lock()
 			m := r.modelLocked("cnn", found["cnn"])
 			decided := r.settledLocked(m, found["cnn"], time.Now().Add(time.Second))

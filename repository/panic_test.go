@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/errdefs"
 )
 
 // panicNode panics reading one model's record, as a bug met by that
@@ -55,4 +56,25 @@ func TestAPanickingDeployIsThatModelsAlone(t *testing.T) {
 	writeBundle(t, filepath.Join(root, "bad", "2"), "bad", false)
 	age(t, root)
 	waitFor(t, r, 5, "bad deployed again once its folder changed", func() bool { return node.calls.Load() == 2 })
+}
+
+// A load's deploy that panics is that model's alone too: the load answers
+// 500 and the model is UNAVAILABLE saying so (the transport recovered the
+// panic, and the model stayed LOADING, deploying, for good).
+func TestAPanickingLoadLeavesItsModelUnavailable(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(root, "bad", "1"), "bad", false)
+	node := &panicNode{fakeNode: newFakeNode(), bad: "bad"}
+	r, _ := New(Config{Dir: root, Poll: time.Hour, Settle: 20 * time.Millisecond}, node)
+	err := func() (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Errorf("the load panicked: %v", p)
+			}
+		}()
+		return r.Load(context.Background(), "bad")
+	}()
+	if errdefs.KindOf(err) != errdefs.KindInternal || !strings.Contains(index(r), "bad/ UNAVAILABLE (models/bad: the server failed while deploying it") {
+		t.Errorf("load: %v; index %s; want 500 and bad UNAVAILABLE, saying why", err, index(r))
+	}
 }

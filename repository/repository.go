@@ -111,6 +111,15 @@ type Repository struct {
 	// while it holds model folders): the name stays while its manifest is
 	// rewritten, absent or renamed, until DIR settles so.
 	single string
+	// topSeen is DIR's fingerprint, as a scan last saw it, while a
+	// manifest at its top may make it one bundle, and topSeenAt when
+	// that was first seen; topWarned: the log said the manifest is left
+	// alone; switching: this scan made DIR one bundle (becomesSingle).
+	// All with the turn.
+	topSeen   string
+	topSeenAt time.Time
+	topWarned bool
+	switching bool
 	// started is closed once Run's scans read DIR and found nothing
 	// settling: the folders found at start are deployed, or failed
 	// (Started).
@@ -231,6 +240,11 @@ func New(cfg Config, node Node) (*Repository, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--repository: %w", err)
 	}
+	// Absolute, as the walks name files: a relative DIR ("models") would
+	// not be found in their paths, and a reason would name it twice.
+	if abs, err := filepath.Abs(cfg.Dir); err == nil {
+		cfg.Dir = abs
+	}
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("--repository %s: not a directory", cfg.Dir)
 	}
@@ -275,7 +289,10 @@ func (r *Repository) scan(ctx context.Context) (settling, retrying bool) {
 
 // scanHeld is scan, called with the turn.
 func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
-	found, err := r.list()
+	found, wait, err := r.list()
+	settling = wait
+	switching := r.switching
+	r.switching = false
 	if err != nil {
 		// DIR itself unreadable (a volume remounting): nothing is removed
 		// for it, and the next scan tries again.
@@ -296,10 +313,17 @@ func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
 		name, reason string
 		f            folder
 	}
-	var warns []warn // a model and why its folder is unreadable, logged after the unlock
+	var warns []warn  // a model and why its folder is unreadable, logged after the unlock
+	var left []string // models whose folders DIR turning into one bundle hid
 	for name, m := range r.models {
 		if _, ok := found[name]; !ok {
 			switch {
+			case switching:
+				// Not deleted: the scan that found DIR one bundle
+				// cannot tell a folder removed from one it no longer
+				// lists; plover rm a function no longer wanted.
+				left = append(left, name)
+				delete(r.models, name)
 			case m.deployed && !m.unloaded:
 				gone = append(gone, m) // kept, removing, until its function is deleted
 			case !m.unloaded:
@@ -325,6 +349,10 @@ func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
 		}
 	}
 	r.mu.Unlock()
+	if len(left) > 0 {
+		slices.Sort(left)
+		r.cfg.Log.Warn("model repository: the directory is now one bundle; the functions of its model folders are left alone (plover rm them)", "dir", r.cfg.Dir, "function", r.single, "left", left)
+	}
 	for _, w := range warns {
 		r.warnUnreadable(w.name, w.reason, w.f)
 	}
@@ -419,7 +447,7 @@ func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResu
 	m.state, m.reason = Loading, "files changed within the last "+r.cfg.Settle.String()+": waiting for the copy to settle"
 	m.changing = true
 	if f.err != nil {
-		m.reason = brief("cannot read it yet: " + r.quiet(f.err))
+		m.reason = brief("cannot read it yet: " + f.why)
 	}
 	return stillChanging
 }
@@ -430,7 +458,7 @@ func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResu
 // It is the node's failure (its volume, its permissions), not a bundle
 // refused: a load answers 503, as for a file in it that cannot be read.
 func (r *Repository) unreadableLocked(m *model, f folder) {
-	r.settleLocked(m, f.print, nil, Unavailable, unreadableAt(r.where(f.dir), f.dir, f.err)+": tried again when it changes", errdefs.KindUnavailable)
+	r.settleLocked(m, f.print, nil, Unavailable, f.why+": tried again when it changes", errdefs.KindUnavailable)
 }
 
 // warnUnreadable logs why m's folder f is unavailable, with its path and

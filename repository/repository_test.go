@@ -26,6 +26,7 @@ type fakeNode struct {
 	rollbacks int // each a moment when another version was current
 	deletes   []string
 	n         int
+	consts    map[string]string // the constants each function's last deploy carried
 	// onList, if set, runs in Listed after the names were read: what
 	// happens while a listing is on its way back.
 	onList func()
@@ -47,10 +48,15 @@ func (f *fakeNode) DeployLabeled(ctx context.Context, name, label string, aside 
 	if m.Name != name {
 		return api.FunctionInfo{}, errdefs.New(errdefs.KindInvalid, nil, "name: the manifest names %q but the bundle is deployed as %q", m.Name, name)
 	}
+	cb, _ := os.ReadFile(filepath.Join(dir, m.Constants))
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.deploys++
 	f.n++
+	if f.consts == nil {
+		f.consts = map[string]string{}
+	}
+	f.consts[name] = string(cb)
 	rec := f.recs[name]
 	if rec == nil {
 		rec = &api.Record{Name: name}
@@ -131,6 +137,12 @@ func (f *fakeNode) Listed(ctx context.Context) (map[string]bool, error) {
 func (f *fakeNode) Unready(name, version string) error { return nil }
 
 // current is the label of name's current version ("" if none).
+func (f *fakeNode) constants(name string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.consts[name]
+}
+
 func (f *fakeNode) current(name string) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()

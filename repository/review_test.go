@@ -168,7 +168,11 @@ func TestSingleBundleManifestGlitch(t *testing.T) {
 			ctx := context.Background()
 			root := filepath.Join(t.TempDir(), "models")
 			writeBundle(t, root, "saxpy", false)
-			writeBundle(t, filepath.Join(root, "extra"), "extra", false) // a folder beside it: a model once DIR holds models
+			// A folder beside it (no bundle: a folder with one beside a
+			// top manifest makes DIR model folders): a model once DIR
+			// holds models.
+			os.MkdirAll(filepath.Join(root, "extra"), 0o755)
+			os.WriteFile(filepath.Join(root, "extra", "notes.txt"), []byte("notes"), 0o644)
 			age(t, root)
 			node := newFakeNode()
 			r, _ := New(Config{Dir: root, Settle: 10 * time.Millisecond, Poll: time.Second}, node)

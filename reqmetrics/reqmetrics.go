@@ -141,7 +141,8 @@ func (m *Metrics) count(fm *fnMetrics, code int) {
 // Record accounts one invoke, of HTTP status code (its class's, for
 // gRPC) and engine kind; r's timing is read only when it succeeded. Names
 // no function has share one label, Unknown, so that probing names cannot
-// grow the series without bound: a 404's, and for names not met yet a
+// grow the series without bound: a 404's (but for one from a version the
+// name resolved to: a pipeline whose step was deleted), and for names not met yet a
 // request refused before the engine saw it (400, 415), one answered 503
 // (the store unreachable: the name may be anything), and one that timed
 // out or whose client left before a version was resolved (r.Version empty:
@@ -154,7 +155,7 @@ func (m *Metrics) count(fm *fnMetrics, code int) {
 func (m *Metrics) Record(name call.Name, code int, kind errdefs.Kind, r *call.Request) {
 	t := &r.Timing
 	unresolved := (kind == errdefs.KindTimeout || kind == errdefs.KindGone) && r.Version == ""
-	if code == 404 && kind == errdefs.KindNotFound {
+	if code == 404 && kind == errdefs.KindNotFound && r.Version == "" {
 		name = call.NameOf(Unknown)
 	} else if (kind == errdefs.KindBadRequest || kind == errdefs.KindUnavailable || unresolved) && !m.known(name.Borrow()) {
 		name = call.NameOf(Unknown)

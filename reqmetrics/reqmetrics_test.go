@@ -27,6 +27,7 @@ func TestLabels(t *testing.T) {
 		{"\xff\xfe\xfd", 401, errdefs.KindInternal, "_unknown", ""},
 		{"Upper", 500, errdefs.KindInternal, "_unknown", ""},
 		{"nope", 404, errdefs.KindNotFound, "_unknown", ""},
+		{"digits", 404, errdefs.KindNotFound, "digits", "v3"}, // a pipeline's, one of whose steps was deleted
 		{"fresh", 400, errdefs.KindBadRequest, "_unknown", ""},
 		{"made-up", 503, errdefs.KindUnavailable, "_unknown", ""}, // a store outage: any name is a 503
 		{"guessed", 504, errdefs.KindTimeout, "_unknown", ""},     // timed out while its record was read
