@@ -255,10 +255,12 @@ func (r *Runner) expand(ctx context.Context, deadline time.Time, pl *plan, index
 		pl.functions++
 	}
 	if sub == nil && pl.functions > pipedef.MaxFunctions {
-		// Deploys refuse more; records changed since (or by another
-		// node) could still make one request run thousands.
-		return nil, stepError(pl.name, index, prefix+s.String(), &errdefs.Error{Kind: errdefs.KindInvalid,
-			Msg: fmt.Sprintf("the pipeline runs more than %d functions per request, nested pipelines included", pipedef.MaxFunctions)})
+		// Deploys refuse more; a nested pipeline deployed since with
+		// more steps (or records changed by another node) could still
+		// make one request run thousands. The pipeline as deployed, not
+		// the request: a 500, as a bundle that cannot start.
+		return nil, stepError(pl.name, index, prefix+s.String(), &errdefs.Error{Kind: errdefs.KindInternal,
+			Msg: fmt.Sprintf("the pipeline runs more than %d functions per request, nested pipelines included (a nested pipeline deployed since runs more steps): its requests fail until it or that pipeline is deployed again within the limit", pipedef.MaxFunctions)})
 	}
 	if sub == nil {
 		return []stage{{index: index, label: prefix + s.Function, pin: pin}}, nil
@@ -266,8 +268,8 @@ func (r *Runner) expand(ctx context.Context, deadline time.Time, pl *plan, index
 	// A nested pipeline. Deploys refuse cycles; a race between deploys on
 	// two nodes could still make one, and it must not recurse for ever.
 	if slices.Contains(path, s.Function) || len(path) >= pipedef.MaxDepth {
-		return nil, stepError(pl.name, index, prefix+s.String(), &errdefs.Error{Kind: errdefs.KindInvalid,
-			Msg: fmt.Sprintf("%s -> %s: pipelines form a cycle or nest deeper than %d", joinPath(path), s.Function, pipedef.MaxDepth)})
+		return nil, stepError(pl.name, index, prefix+s.String(), &errdefs.Error{Kind: errdefs.KindInternal,
+			Msg: fmt.Sprintf("%s -> %s: pipelines form a cycle or nest deeper than %d (deployed since this pipeline): its requests fail until one of them is deployed again", joinPath(path), s.Function, pipedef.MaxDepth)})
 	}
 	var out []stage
 	for _, ss := range sub {

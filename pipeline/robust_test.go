@@ -338,3 +338,27 @@ func TestPipelineMaxInputIsItsFirstSteps(t *testing.T) {
 		p.Release()
 	}
 }
+
+// A nested pipeline deployed again with more steps can take a pipeline
+// that runs it past pipedef.MaxFunctions (deploy checks the pipeline it
+// deploys, not those running it): the outer pipeline's requests then fail
+// with 500 naming the limit, the deployed pipelines' fault, not the
+// client's (it was 422, a client error).
+func TestALimitPassedSinceItsDeployIsTheServers(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("f"), nil))
+	steps := make([]any, 16)
+	for i := range steps {
+		steps[i] = "f"
+	}
+	testkit.Deploy(t, e, pipelineDir(t, "inner", steps...))
+	for i := range steps {
+		steps[i] = "inner"
+	}
+	testkit.Deploy(t, e, pipelineDir(t, "outer", steps...))
+	testkit.Deploy(t, e, pipelineDir(t, "inner", append(steps[:0:0], "f", "f", "f", "f", "f", "f", "f", "f", "f", "f", "f", "f", "f", "f", "f", "f", "f")...)) // 17: outer runs 272
+	err := pipeline.New(e, nil).Invoke(context.Background(), "outer", &call.Request{Input: []byte{1}})
+	if st, _, _, _ := apierr.Classify(err); st.HTTP != 500 || !strings.Contains(err.Error(), "more than 256 functions") {
+		t.Errorf("outer past the limit: %v (HTTP %d), want 500 naming the limit", err, st.HTTP)
+	}
+}
