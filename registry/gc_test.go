@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -356,5 +358,50 @@ func TestABundleDeleteHeldBackStillMeetsTheDeploy(t *testing.T) {
 				t.Fatalf("the deploy was acknowledged with its bundle gone: %v", err)
 			}
 		})
+	}
+}
+
+// onMark runs hook once, before the first delete mark is written.
+type onMark struct {
+	objectstore.Store
+	once sync.Once
+	hook func()
+}
+
+func (s *onMark) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	if strings.HasPrefix(key, deletingDir) {
+		s.once.Do(s.hook)
+	}
+	return s.Store.Put(ctx, key, r, size)
+}
+
+// gc with no grace (?grace=0s, or a gc node whose clock runs ahead of
+// the store's) keeps a bundle a deploy reused between gc's listing of the
+// records and its delete's mark: the delete reads the records again under
+// its mark. It went by the bundle's age alone, which no grace makes young,
+// and deleted the bundle the deploy's record had just named.
+func TestGCWithoutGraceKeepsABundleADeployJustNamed(t *testing.T) {
+	ctx := context.Background()
+	store, age := fileStore(t)
+	body := []byte("a bundle no record names")
+	sha := bundle.Digest(body)
+	if err := store.Put(ctx, bundle.ObjectKey(sha), bytes.NewReader(body), int64(len(body))); err != nil {
+		t.Fatal(err)
+	}
+	age(bundle.ObjectKey(sha))
+	st := &onMark{Store: store}
+	g := Registry{Store: st}
+	st.hook = func() {
+		m := &abi.Manifest{Name: "reuser", Priority: "default"}
+		if _, created, err := g.Publish(ctx, m, bytes.NewReader(body), sha, int64(len(body)), false); err != nil || !created {
+			t.Errorf("publish: created %v, %v", created, err)
+		}
+	}
+	removed, err := g.GC(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Stat(ctx, bundle.ObjectKey(sha)); err != nil || len(removed) > 0 {
+		t.Errorf("gc removed %q under the record of the deploy that reused it: %v", removed, err)
 	}
 }

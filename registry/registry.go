@@ -482,10 +482,11 @@ func (g Registry) ensureBundle(ctx context.Context, key string, bundleBytes io.R
 // A bundle's delete (gc's, or a deleted function's) and a deploy that
 // reuses the bundle meet by marks, deleting/<sha256>.<uuid>, one per
 // delete, each side writing before it reads what the other wrote: the
-// delete writes its mark, then reads the bundle's age (a deploy touches
-// the bundle it reuses) before it deletes; the deploy touches the bundle
-// and writes its record, then lists the bundle's marks. So either the
-// delete sees the touch and keeps the bundle, or the deploy sees the mark,
+// delete writes its mark, then reads the records and the bundle's age (a
+// deploy touches the bundle it reuses) before it deletes; the deploy
+// touches the bundle and writes its record, then lists the bundle's
+// marks. So either the delete sees the record (or, within the grace, the
+// touch) and keeps the bundle, or the deploy sees the mark,
 // waits until no fresh mark is left, and stores the bundle again if it
 // went (ensureBundle). A delete acts only within deleteBound of its mark,
 // and a deploy waits on a mark until it is markStale, so a slow delete (a
@@ -530,6 +531,13 @@ func (g Registry) deleteUnused(ctx context.Context, key string, grace time.Durat
 		defer cancel()
 		g.Store.Delete(uctx, mark)
 	}()
+	// The records again, under the mark: a deploy whose check of the
+	// marks came before it wrote its record before that check, so this
+	// reading has it. The age alone let a deploy's reuse go where the
+	// grace is 0 or the gc node's clock runs ahead of the store's.
+	if named, err := g.named(ctx, key); err != nil || named {
+		return false, err
+	}
 	in, err := g.Store.Stat(ctx, key)
 	switch {
 	case errors.Is(err, objectstore.ErrNotFound):
@@ -548,6 +556,21 @@ func (g Registry) deleteUnused(ctx context.Context, key string, grace time.Durat
 		return false, err
 	}
 	return true, nil
+}
+
+// named reports whether a record names bundle key, or may (a record that
+// does not decode).
+func (g Registry) named(ctx context.Context, key string) (bool, error) {
+	recs, bad, err := g.list(ctx)
+	if err != nil || len(bad) > 0 {
+		return true, err
+	}
+	for _, r := range recs {
+		if slices.ContainsFunc(r.Versions, func(v api.Version) bool { return bundle.ObjectKey(v.SHA256) == key }) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // awaitDelete returns once no delete of bundle key is under way: no mark
