@@ -178,7 +178,7 @@ func Pick(rec *api.Record, ref string) (api.Version, error) {
 // at the version the step pins (an older one, whose steps no current
 // version names) or its current one.
 func UsersOf(recs []*api.Record, name string) []string {
-	u := users{recs: make(map[string]*api.Record, len(recs)), name: name, seen: map[string]bool{}}
+	u := users{recs: make(map[string]*api.Record, len(recs)), name: name, seen: map[string]walked{}}
 	for _, r := range recs {
 		u.recs[r.Name] = r
 	}
@@ -197,12 +197,19 @@ func UsersOf(recs []*api.Record, name string) []string {
 }
 
 // users is UsersOf's walk. seen holds the nested pipeline versions
-// walked, by name and version id, with whether they run name: a version
-// is walked once however many pipelines nest it.
+// walked, by name and version id, with whether they run name and the
+// depth looked: a version is walked once however many pipelines nest it,
+// unless met again with more depth left than a walk that found nothing.
 type users struct {
 	recs map[string]*api.Record
 	name string
-	seen map[string]bool
+	seen map[string]walked
+}
+
+// walked is a nested version's walk: found name within depth levels.
+type walked struct {
+	found bool
+	depth int
 }
 
 // runs reports whether steps run u.name, looking depth levels of nested
@@ -227,13 +234,15 @@ func (u *users) runs(steps []abi.Step, depth int) bool {
 			continue
 		}
 		key := r.Name + "@" + v.ID
-		found, ok := u.seen[key]
-		if !ok {
-			u.seen[key] = false // a cycle, which deploys refuse, ends here
-			found = u.runs(v.Steps, depth-1)
-			u.seen[key] = found
+		w, ok := u.seen[key]
+		if !ok || !w.found && w.depth < depth-1 {
+			// A cycle, which deploys refuse, ends here: the walk under way
+			// counts as one with all the depth.
+			u.seen[key] = walked{depth: MaxDepth}
+			w = walked{u.runs(v.Steps, depth-1), depth - 1}
+			u.seen[key] = w
 		}
-		if found {
+		if w.found {
 			return true
 		}
 	}

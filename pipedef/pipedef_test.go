@@ -155,3 +155,24 @@ func TestUsersOf(t *testing.T) {
 		t.Fatalf("UsersOf(z) = %v", got)
 	}
 }
+
+// A nested pipeline first met at the end of the depth looked (through a
+// pipeline nesting too deep, records changed since its deploy) is walked
+// again where another pipeline reaches it with depth to spare: its first,
+// cut-short walk was kept as "does not run it", and UsersOf(f) missed
+// p2 -> x -> y -> f (so rm without --force was not refused for it).
+func TestUsersOfWalksANestedPipelineAgainWithMoreDepth(t *testing.T) {
+	recs := []*api.Record{fn("f"), pipe("y", s("f")), pipe("x", s("y"))}
+	prev := "x"
+	for i := MaxDepth - 2; i >= 1; i-- {
+		name := fmt.Sprintf("l%d", i)
+		recs = append(recs, pipe(name, s(prev)))
+		prev = name
+	}
+	// p1 first: its walk meets x with one level left.
+	recs = append([]*api.Record{pipe("p1", s(prev))}, append(recs, pipe("p2", s("x")))...)
+	got := strings.Join(UsersOf(recs, "f"), ",")
+	if !strings.Contains(got, "p2") {
+		t.Errorf("UsersOf(f) = %s, want p2 among them", got)
+	}
+}
