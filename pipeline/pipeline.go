@@ -664,9 +664,10 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 	errs := make([]error, n)
 	timings := make([][]call.StepTiming, n)
 	// A branch that fails stops its siblings before their next steps (run
-	// .failed); a step they already started or wait for runs: cancelling
-	// it would count a healthy function's failure and could lose a cold
-	// load in flight.
+	// .failed); a step they already started runs (cancelling it would
+	// count a healthy function's failure and could lose a cold load in
+	// flight), and one still queued gives its wait up (stepGone), counted
+	// as its function's 499.
 	//
 	// A panic in a branch (a bug, its run's) is recovered in the branch,
 	// the first's too, fails the request as a step's failure does, and is

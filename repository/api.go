@@ -167,7 +167,7 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 func (r *Repository) settledNow(ctx context.Context, name string, f folder) (folder, error) {
 	giveUp := time.Now().Add(2 * r.cfg.Settle)
 	seenAt := time.Now()
-	for !f.unreadable {
+	for !f.unreadable && !f.standIn {
 		wait := r.cfg.Settle - time.Since(f.stillSince(seenAt))
 		if f.err != nil {
 			wait = max(wait, r.cfg.Settle/4) // a file going while it was read

@@ -35,6 +35,10 @@ type folder struct {
 	// removal in progress) but stays until the folder changes (a folder
 	// the server may not read, a volume's I/O error).
 	unreadable bool
+	// standIn: DIR as one bundle whose manifest is being rewritten or
+	// names another function (listSingle); err says so until a scan
+	// finds DIR settled. Not a copy a load waits for.
+	standIn bool
 	// why is err as the index shows it, found with the listing (it may
 	// follow links: never under r.mu): an unreadable folder's reason
 	// (unreadableAt), else err's text with no path of the server's.
@@ -142,7 +146,7 @@ func (r *Repository) listSingle(switch_ bool) (out map[string]folder, whole, wai
 			}
 			if f.err == nil {
 				f.err = fmt.Errorf("%s: waiting for it to settle", why)
-				f.why = f.err.Error()
+				f.why, f.standIn = f.err.Error(), true
 			}
 			out[r.single] = f
 			return out, true, false
@@ -179,8 +183,8 @@ func (r *Repository) becomesSingle() (ok, wait bool) {
 	r.mu.Lock()
 	known := len(r.models)
 	r.mu.Unlock()
-	if known == 0 {
-		// Nothing served from folders (a start, a volume being filled):
+	if known == 0 && r.scans == 0 {
+		// The first scan (a start: a volume being filled):
 		// DIR's function shows LOADING while its manifest is written.
 		return true, false
 	}

@@ -318,11 +318,14 @@ func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
 	for name, m := range r.models {
 		if _, ok := found[name]; !ok {
 			switch {
-			case switching:
+			case switching && !m.removing:
 				// Not deleted: the scan that found DIR one bundle
 				// cannot tell a folder removed from one it no longer
-				// lists; plover rm a function no longer wanted.
-				left = append(left, name)
+				// lists; plover rm a function no longer wanted. (A
+				// delete being tried again goes on below.)
+				if m.deployed && !m.unloaded {
+					left = append(left, name)
+				}
 				delete(r.models, name)
 			case m.deployed && !m.unloaded:
 				gone = append(gone, m) // kept, removing, until its function is deleted

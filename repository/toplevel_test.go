@@ -113,3 +113,53 @@ func TestABundleCopiedAfterItsSubfolderSwitchesOnceSettled(t *testing.T) {
 		t.Errorf("after the switch: index %s, deletes %v", got, node.deletes)
 	}
 }
+
+// A model folder replaced (removed, then copied again, its plover.json
+// last) beside a stray top manifest: the scans in between, with no model
+// folder left, do not make DIR one bundle at once (only a first scan
+// does), so that the model is served again once its copy ends.
+func TestAStrayTopManifestOutlastsAModelsReplacement(t *testing.T) {
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(root, "cnn"), "cnn", false)
+	node := newFakeNode()
+	r, _ := New(Config{Dir: root, Settle: 10 * time.Millisecond, Poll: time.Second}, node)
+	r.Scan(ctx)
+	writeBundle(t, root, "stray", false)
+	r.Scan(ctx)
+	os.RemoveAll(filepath.Join(root, "cnn"))
+	r.Scan(ctx) // cnn's function deleted, as any removed folder's
+	os.MkdirAll(filepath.Join(root, "cnn"), 0o755)
+	os.WriteFile(filepath.Join(root, "cnn", "b.bin"), []byte("constants"), 0o644)
+	r.Scan(ctx) // the copy under way: no model folder
+	writeBundle(t, filepath.Join(root, "cnn"), "cnn", false)
+	age(t, root)
+	waitFor(t, r, 10, "cnn served again", func() bool { return node.current("cnn") != "" })
+	if node.current("stray") != "" {
+		t.Errorf("the stray manifest was deployed: index %s", index(r))
+	}
+}
+
+// DIR as one bundle, no polling (loads alone): its manifest renamed, a
+// load of the new name deploys it (a load of either waited for DIR to
+// settle, which only a scan records, and none came: every load 503).
+func TestALoadAfterTheSingleBundlesRenameDeploys(t *testing.T) {
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, root, "saxpy", false)
+	node := newFakeNode()
+	r, _ := New(Config{Dir: root, Settle: 50 * time.Millisecond}, node)
+	r.Scan(ctx)
+	writeBundle(t, root, "other", false)
+	for i := range 3 {
+		r.Load(ctx, "saxpy")
+		if err := r.Load(ctx, "other"); err == nil {
+			break
+		} else if i == 2 {
+			t.Errorf("load other: %v", err)
+		}
+	}
+	if node.current("other") == "" {
+		t.Errorf("other not deployed; index %s", index(r))
+	}
+}
