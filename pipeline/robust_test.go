@@ -100,17 +100,7 @@ func TestLaterStepsRefusalIsThePipelinesFault(t *testing.T) {
 // request to it is refused: the runner counts its pins, nested pipelines'
 // own pins included, against the same limit of functions.
 func TestFunctionLimitCountsFunctionsAsDeployDoes(t *testing.T) {
-	e := testkit.Engine(t, engine.Config{})
-	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("f"), nil))
-	steps := make([]any, 16)
-	for i := range steps {
-		steps[i] = "f"
-	}
-	testkit.Deploy(t, e, pipelineDir(t, "inner", steps...))
-	for i := range steps {
-		steps[i] = "inner"
-	}
-	testkit.Deploy(t, e, pipelineDir(t, "outer", steps...)) // 256 functions: accepted
+	e := nested256(t)
 	req := &call.Request{Input: []byte{1}}
 	if err := pipeline.New(e, nil).Invoke(context.Background(), "outer", req); err != nil {
 		t.Fatalf("deploy accepted outer (256 functions, the limit), but its request fails: %v", err)
@@ -345,20 +335,29 @@ func TestPipelineMaxInputIsItsFirstSteps(t *testing.T) {
 // with 500 naming the limit, the deployed pipelines' fault, not the
 // client's (it was 422, a client error).
 func TestALimitPassedSinceItsDeployIsTheServers(t *testing.T) {
-	e := testkit.Engine(t, engine.Config{})
-	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("f"), nil))
-	steps := make([]any, 16)
-	for i := range steps {
-		steps[i] = "f"
-	}
-	testkit.Deploy(t, e, pipelineDir(t, "inner", steps...))
-	for i := range steps {
-		steps[i] = "inner"
-	}
-	testkit.Deploy(t, e, pipelineDir(t, "outer", steps...))
-	testkit.Deploy(t, e, pipelineDir(t, "inner", append(steps[:0:0], "f", "f", "f", "f", "f", "f", "f", "f", "f", "f", "f", "f", "f", "f", "f", "f", "f")...)) // 17: outer runs 272
+	e := nested256(t)
+	testkit.Deploy(t, e, pipelineDir(t, "inner", fill(17, "f")...)) // outer runs 16 x 17 = 272
 	err := pipeline.New(e, nil).Invoke(context.Background(), "outer", &call.Request{Input: []byte{1}})
 	if st, _, _, _ := apierr.Classify(err); st.HTTP != 500 || !strings.Contains(err.Error(), "more than 256 functions") {
 		t.Errorf("outer past the limit: %v (HTTP %d), want 500 naming the limit", err, st.HTTP)
 	}
+}
+
+// nested256 is an engine with f, inner (16 x f) and outer (16 x inner):
+// 256 functions a request, the limit.
+func nested256(t *testing.T) *engine.Engine {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("f"), nil))
+	testkit.Deploy(t, e, pipelineDir(t, "inner", fill(16, "f")...))
+	testkit.Deploy(t, e, pipelineDir(t, "outer", fill(16, "inner")...))
+	return e
+}
+
+// fill is n steps naming step.
+func fill(n int, step string) []any {
+	out := make([]any, n)
+	for i := range out {
+		out[i] = step
+	}
+	return out
 }

@@ -21,18 +21,7 @@ import (
 // wait was cancelled once, and counted as the function's 5xx and a 503
 // step error), and it takes no further step.
 func TestSiblingStopIsNoErrorOfItsFunction(t *testing.T) {
-	e := testkit.Engine(t, engine.Config{Timeout: 30 * time.Second})
-	failing := testkit.Manifest("failing")
-	failing.Chain = []abi.Launch{{Kernel: "fail", Grid: 1, Block: 1}}
-	testkit.Deploy(t, e, testkit.BundleDir(t, failing, nil))
-	slow := testkit.Slow("slow", 400)
-	slow.MaxInstances = 1
-	testkit.Deploy(t, e, testkit.BundleDir(t, slow, nil))
-	testkit.Deploy(t, e, pipelineDir(t, "p", map[string]any{"parallel": []string{"slow", "failing"}}))
-	// Occupy slow's one instance so the pipeline's branch waits for it.
-	busy := make(chan error)
-	go func() { busy <- e.Invoke(context.Background(), "slow", &call.Request{Input: []byte("x")}) }()
-	testkit.WaitFor(t, e, "slow", "its instance busy", func(fi api.FunctionInfo) bool { return fi.Busy == 1 })
+	e, busy := siblingWaitsBehind(t, 400)
 	reg := prometheus.NewRegistry()
 	err := pipeline.New(e, reg).Invoke(context.Background(), "p", &call.Request{Input: []byte("x")})
 	if errdefs.KindOf(err) != errdefs.KindKernel {
@@ -61,17 +50,7 @@ func TestSiblingStopIsNoErrorOfItsFunction(t *testing.T) {
 // of it, 3 s). The step given up is its function's client error (its
 // caller went), no server error.
 func TestAQueuedSiblingGivesUpAtAFailure(t *testing.T) {
-	e := testkit.Engine(t, engine.Config{Timeout: 30 * time.Second})
-	failing := testkit.Manifest("failing")
-	failing.Chain = []abi.Launch{{Kernel: "fail", Grid: 1, Block: 1}}
-	testkit.Deploy(t, e, testkit.BundleDir(t, failing, nil))
-	slow := testkit.Slow("slow", 3000)
-	slow.MaxInstances = 1
-	testkit.Deploy(t, e, testkit.BundleDir(t, slow, nil))
-	testkit.Deploy(t, e, pipelineDir(t, "p", map[string]any{"parallel": []string{"slow", "failing"}}))
-	busy := make(chan error, 1)
-	go func() { busy <- e.Invoke(context.Background(), "slow", &call.Request{Input: []byte("x")}) }()
-	testkit.WaitFor(t, e, "slow", "its instance busy", func(fi api.FunctionInfo) bool { return fi.Busy == 1 })
+	e, busy := siblingWaitsBehind(t, 3000)
 	err := pipeline.New(e, prometheus.NewRegistry()).Invoke(context.Background(), "p", &call.Request{Input: []byte("x")})
 	var ahead error
 	select {
@@ -90,4 +69,22 @@ func TestAQueuedSiblingGivesUpAtAFailure(t *testing.T) {
 	if fi.Errors != 0 {
 		t.Errorf("slow counts %d server errors, want 0", fi.Errors)
 	}
+}
+
+// siblingWaitsBehind is an engine with pipeline p running slow (one
+// instance, ms a run) and failing in parallel, slow's instance held by a
+// request whose result busy gives: p's slow branch waits in its queue.
+func siblingWaitsBehind(t *testing.T, ms int) (*engine.Engine, chan error) {
+	e := testkit.Engine(t, engine.Config{Timeout: 30 * time.Second})
+	failing := testkit.Manifest("failing")
+	failing.Chain = []abi.Launch{{Kernel: "fail", Grid: 1, Block: 1}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, failing, nil))
+	slow := testkit.Slow("slow", ms)
+	slow.MaxInstances = 1
+	testkit.Deploy(t, e, testkit.BundleDir(t, slow, nil))
+	testkit.Deploy(t, e, pipelineDir(t, "p", map[string]any{"parallel": []string{"slow", "failing"}}))
+	busy := make(chan error, 1)
+	go func() { busy <- e.Invoke(context.Background(), "slow", &call.Request{Input: []byte("x")}) }()
+	testkit.WaitFor(t, e, "slow", "its instance busy", func(fi api.FunctionInfo) bool { return fi.Busy == 1 })
+	return e, busy
 }

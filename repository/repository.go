@@ -359,7 +359,25 @@ func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
 	for _, w := range warns {
 		r.warnUnreadable(w.name, w.reason, w.f)
 	}
-	gone = append(gone, r.earlierRuns(ctx, unsure)...)
+	r.removeGone(ctx, append(gone, r.earlierRuns(ctx, unsure)...))
+	// By name: a repository deploys in the same order at every start.
+	slices.SortFunc(due, func(a, b *model) int { return strings.Compare(a.name, b.name) })
+	r.deployAll(ctx, due)
+	r.mu.Lock()
+	r.scans++
+	r.kept = nil // those not found: their folders went, and their unloads
+	for _, m := range r.models {
+		retrying = retrying || m.retry || m.removing
+	}
+	r.mu.Unlock()
+	r.saveKept()
+	return settling, retrying
+}
+
+// removeGone deletes the functions of the models whose folders went; one
+// that fails stays UNAVAILABLE with the reason, tried again at the next
+// scan. Called with the turn.
+func (r *Repository) removeGone(ctx context.Context, gone []*model) {
 	slices.SortFunc(gone, func(a, b *model) int { return strings.Compare(a.name, b.name) })
 	// Again while one goes: a pipeline removed with its step goes first.
 	for len(gone) > 0 {
@@ -383,18 +401,6 @@ func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
 		}
 		gone = left
 	}
-	// By name: a repository deploys in the same order at every start.
-	slices.SortFunc(due, func(a, b *model) int { return strings.Compare(a.name, b.name) })
-	r.deployAll(ctx, due)
-	r.mu.Lock()
-	r.scans++
-	r.kept = nil // those not found: their folders went, and their unloads
-	for _, m := range r.models {
-		retrying = retrying || m.retry || m.removing
-	}
-	r.mu.Unlock()
-	r.saveKept()
-	return settling, retrying
 }
 
 // modelLocked is the model name as found in f, made if new. A model

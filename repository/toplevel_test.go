@@ -62,13 +62,7 @@ func TestAManifestAtTheTopOfModelFoldersDeletesNothing(t *testing.T) {
 	}
 	t.Run("the folders removed", func(t *testing.T) {
 		ctx := context.Background()
-		root := filepath.Join(t.TempDir(), "models")
-		writeBundle(t, filepath.Join(root, "cnn"), "cnn", false)
-		node := newFakeNode()
-		r, _ := New(Config{Dir: root, Settle: 10 * time.Millisecond, Poll: time.Second}, node)
-		r.Scan(ctx)
-		writeBundle(t, root, "one", false)
-		r.Scan(ctx)
+		root, node, r := cnnBesideATopManifest(t, "one")
 		os.RemoveAll(filepath.Join(root, "cnn"))
 		age(t, root)
 		for range 4 {
@@ -120,13 +114,7 @@ func TestABundleCopiedAfterItsSubfolderSwitchesOnceSettled(t *testing.T) {
 // does), so that the model is served again once its copy ends.
 func TestAStrayTopManifestOutlastsAModelsReplacement(t *testing.T) {
 	ctx := context.Background()
-	root := filepath.Join(t.TempDir(), "models")
-	writeBundle(t, filepath.Join(root, "cnn"), "cnn", false)
-	node := newFakeNode()
-	r, _ := New(Config{Dir: root, Settle: 10 * time.Millisecond, Poll: time.Second}, node)
-	r.Scan(ctx)
-	writeBundle(t, root, "stray", false)
-	r.Scan(ctx)
+	root, node, r := cnnBesideATopManifest(t, "stray")
 	os.RemoveAll(filepath.Join(root, "cnn"))
 	r.Scan(ctx) // cnn's function deleted, as any removed folder's
 	os.MkdirAll(filepath.Join(root, "cnn"), 0o755)
@@ -162,4 +150,18 @@ func TestALoadAfterTheSingleBundlesRenameDeploys(t *testing.T) {
 	if node.current("other") == "" {
 		t.Errorf("other not deployed; index %s", index(r))
 	}
+}
+
+// cnnBesideATopManifest is a repository serving the model folder cnn/,
+// scanned again once a bundle named top was written at its top.
+func cnnBesideATopManifest(t *testing.T, top string) (string, *fakeNode, *Repository) {
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(root, "cnn"), "cnn", false)
+	node := newFakeNode()
+	r, _ := New(Config{Dir: root, Settle: 10 * time.Millisecond, Poll: time.Second}, node)
+	r.Scan(ctx)
+	writeBundle(t, root, top, false)
+	r.Scan(ctx)
+	return root, node, r
 }

@@ -1,0 +1,163 @@
+package registry
+
+// The meeting of a bundle's delete and a deploy that reuses the bundle:
+// the delete marks, the deploy checks the marks and stores the bundle
+// again if it went.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/objectstore"
+)
+
+// ensureBundle stores the bundle again if it is gone, when its bytes can be
+// read again. Its error completes "the record is written but ...".
+func (g Registry) ensureBundle(ctx context.Context, key string, bundleBytes io.Reader, size int64) error {
+	if err := g.awaitDelete(ctx, key); err != nil {
+		return fmt.Errorf("whether a delete of its bundle %s is under way could not be checked (deploy again): %w", key, err)
+	}
+	_, err := g.Store.Stat(ctx, key)
+	switch {
+	case err == nil:
+		return nil
+	case !errors.Is(err, objectstore.ErrNotFound):
+		// The store failed the check: the bundle may well be there.
+		return fmt.Errorf("whether its bundle %s is there could not be checked (deploy again): %w", key, err)
+	}
+	rs, ok := bundleBytes.(io.ReadSeeker)
+	if !ok {
+		return fmt.Errorf("its bundle %s is missing (deploy again): %w", key, err)
+	}
+	if _, err := rs.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("its bundle %s is missing and could not be read again (deploy again): %w", key, err)
+	}
+	if err := g.Store.Put(ctx, key, rs, size); err != nil {
+		return fmt.Errorf("its bundle %s is missing and could not be stored again (deploy again): %w", key, err)
+	}
+	return nil
+}
+
+// A bundle's delete (gc's, or a deleted function's) and a deploy that
+// reuses the bundle meet by marks, deleting/<sha256>.<uuid>, one per
+// delete, each side writing before it reads what the other wrote: the
+// delete writes its mark, then reads the records and the bundle's age (a
+// deploy touches the bundle it reuses) before it deletes; the deploy
+// touches the bundle and writes its record, then lists the bundle's
+// marks. So either the delete sees the record (or, within the grace, the
+// touch) and keeps the bundle, or the deploy sees the mark,
+// waits until no fresh mark is left, and stores the bundle again if it
+// went (ensureBundle). A delete acts only within deleteBound of its mark,
+// and a deploy waits on a mark until it is markStale, so a slow delete (a
+// store's retries) cannot outlast the wait. Without the marks, a deploy
+// that touched, recorded and checked the bundle between a delete's read
+// of its age and its delete was acknowledged with its bundle deleted.
+
+// deletingDir holds the marks of the bundle deletes under way.
+const deletingDir = "deleting/"
+
+// deletingPrefix is the prefix of the marks of the deletes of bundle key
+// under way.
+func deletingPrefix(key string) string {
+	return deletingDir + strings.TrimSuffix(strings.TrimPrefix(key, "bundles/"), ".tar.zst") + "."
+}
+
+// Variables for tests.
+var (
+	// deleteBound is how long after writing its mark a delete may still
+	// delete: past it the bundle is kept (a later gc takes it).
+	deleteBound = 30 * time.Second
+	// markStale is the age past which a mark is of a delete that can no
+	// longer act (twice deleteBound: the nodes' clocks against the
+	// store's may differ by the rest): no deploy waits on it, and gc
+	// removes it (a delete that died before it removed its mark).
+	markStale = time.Minute
+)
+
+// deleteUnused deletes bundle key unless it is gone or was written or
+// touched within grace, reporting whether it did, under a mark of its own
+// that a deploy reusing the bundle meanwhile waits on.
+func (g Registry) deleteUnused(ctx context.Context, key string, grace time.Duration) (bool, error) {
+	mark := deletingPrefix(key) + uuid.NewString()
+	if err := g.Store.Put(ctx, mark, bytes.NewReader(nil), 0); err != nil {
+		return false, err
+	}
+	marked := time.Now()
+	defer func() {
+		// Removed even when ctx has ended: a mark left makes each deploy
+		// of the bundle wait until it is stale.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deleteBound)
+		defer cancel()
+		g.Store.Delete(uctx, mark)
+	}()
+	// The records again, under the mark: a deploy whose check of the
+	// marks came before it wrote its record before that check, so this
+	// reading has it. The age alone let a deploy's reuse go where the
+	// grace is 0 or the gc node's clock runs ahead of the store's.
+	if named, err := g.named(ctx, key); err != nil || named {
+		return false, err
+	}
+	in, err := g.Store.Stat(ctx, key)
+	switch {
+	case errors.Is(err, objectstore.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, err
+	case time.Since(in.ModTime) < grace:
+		return false, nil // reused by a deploy since it was listed
+	}
+	dctx, cancel := context.WithDeadline(ctx, marked.Add(deleteBound))
+	defer cancel()
+	if err := g.Store.Delete(dctx, key); err != nil {
+		if dctx.Err() != nil && ctx.Err() == nil {
+			return false, nil // past its bound: kept for a later gc
+		}
+		return false, err
+	}
+	return true, nil
+}
+
+// named reports whether a record names bundle key, or may (a record that
+// does not decode).
+func (g Registry) named(ctx context.Context, key string) (bool, error) {
+	recs, bad, err := g.list(ctx)
+	if err != nil || len(bad) > 0 {
+		return true, err
+	}
+	for _, r := range recs {
+		if slices.ContainsFunc(r.Versions, func(v api.Version) bool { return bundle.ObjectKey(v.SHA256) == key }) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// awaitDelete returns once no delete of bundle key is under way: no mark
+// of one fresher than markStale.
+func (g Registry) awaitDelete(ctx context.Context, key string) error {
+	prefix := deletingPrefix(key)
+	for {
+		marks, err := g.Store.List(ctx, prefix)
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(marks, func(m objectstore.Info) bool { return time.Since(m.ModTime) < markStale }) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond): // a listing a tenth of a second, only while a delete is under way
+		}
+	}
+}
