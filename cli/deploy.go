@@ -72,12 +72,23 @@ func checkSteps(reg registry.Registry, name string, steps []abi.Step) error {
 
 // checkDirect is, for a deploy straight to the store, what a default
 // server checks at deploy beyond checkDir: a pipeline's steps
-// (checkSteps), and a host function's max_host_memory_mb against its
+// (checkSteps) and, unless force, the pipelines running it
+// (pipedef.CheckUsers), and a host function's max_host_memory_mb against its
 // constants (loader.FitsHostMemory), which a server applies where its
 // workers enforce the field (the default) and no server sees here.
-func checkDirect(reg registry.Registry, dir string, m *abi.Manifest) error {
+func checkDirect(reg registry.Registry, dir string, m *abi.Manifest, force bool) error {
 	if m.IsPipeline() {
-		return checkSteps(reg, m.Name, m.Steps)
+		if err := checkSteps(reg, m.Name, m.Steps); err != nil || force {
+			return err
+		}
+		recs, err := reg.List(context.Background())
+		if err != nil {
+			return fmt.Errorf("deploy %s: listing the pipelines that may run it: %w", m.Name, err)
+		}
+		if err := pipedef.CheckUsers(context.Background(), recs, m.Name, m.Steps); err != nil {
+			return fmt.Errorf("deploy %s: %w: redeploy them first, or deploy with --force and let their requests fail", m.Name, err)
+		}
+		return nil
 	}
 	var size int64
 	if m.Constants != "" {
@@ -104,7 +115,7 @@ func deployCmd() *command {
 			"  plover deploy build/samples/vecadd-host --store s3://plover-bundles   # no server needed",
 		flags: func(fs *flag.FlagSet) {
 			ep.storeFlags(fs, "upload straight to this store (file://... or s3://bucket[/prefix]); servers pick it up within their --poll interval")
-			fs.BoolVar(&force, "force", false, "deploy a new version even when the bundle equals the current one")
+			fs.BoolVar(&force, "force", false, "deploy a new version even when the bundle equals the current one, or when it makes pipelines that run this one pass their limits (409 otherwise)")
 			fs.BoolVar(&asJSON, "json", false, `print {"name","version","sha256","bytes","created"} instead`)
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
@@ -136,7 +147,7 @@ func deployCmd() *command {
 				if err != nil {
 					return err
 				}
-				if err := checkDirect(reg, dir, m); err != nil {
+				if err := checkDirect(reg, dir, m, force); err != nil {
 					done()
 					return err
 				}

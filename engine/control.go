@@ -114,6 +114,11 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		if err := c.checkPipeline(ctx, name, m.Steps); err != nil {
 			return api.FunctionInfo{}, err
 		}
+		if !o.Force && !o.Aside {
+			if err := c.checkUsers(ctx, name, m.Steps); err != nil {
+				return api.FunctionInfo{}, err
+			}
+		}
 	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "deploy")
@@ -263,6 +268,22 @@ func (c *Control) checkPipeline(ctx context.Context, name string, steps []abi.St
 		return errorf(errdefs.KindInvalid, err, "pipeline %s: %s", name, err.Error())
 	}
 	return unavailable(err, "pipeline %s: checking its steps: store unavailable", name)
+}
+
+// checkUsers refuses (409) a pipeline version that would make the
+// pipelines running name pass a limit or form a cycle
+// (pipedef.CheckUsers): their requests would fail (500) from the moment
+// it lands. A deploy with force goes on, as plover rm --force does.
+func (c *Control) checkUsers(ctx context.Context, name string, steps []abi.Step) error {
+	recs, err := c.e.tab.reg.List(ctx)
+	if err != nil {
+		return unavailable(err, "deploy %s: listing the pipelines that may run it: store unavailable", name)
+	}
+	var ue *pipedef.UsersError
+	if err := pipedef.CheckUsers(ctx, recs, name, steps); errors.As(err, &ue) {
+		return errorf(errdefs.KindConflict, err, "deploy %s: %s: redeploy %s first, or deploy with force (plover deploy --force) and let %s requests fail", name, err.Error(), strings.Join(ue.Users, ", "), plural(len(ue.Users), "its", "their"))
+	}
+	return nil
 }
 
 // Delete removes a function; its current version retires after in-flight

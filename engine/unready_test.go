@@ -85,12 +85,12 @@ func TestUnreadyLooksAtEachStepOnce(t *testing.T) {
 		return s
 	}
 	top := testkit.Deploy(t, e, testkit.PipelineDir(t, name(1), wide(name(2))...))
-	for i := 2; i < levels; i++ { // each redeploy checks its own 32 steps only
+	for i := 2; i < levels; i++ { // forced past the limits of the pipelines running it
 		next := name(i + 1)
 		if i == levels-1 {
 			next = "good"
 		}
-		testkit.Deploy(t, e, testkit.PipelineDir(t, name(i), wide(next)...))
+		testkit.ForceDeploy(t, e, testkit.PipelineDir(t, name(i), wide(next)...))
 	}
 	unready := func() error {
 		done := make(chan error, 1)

@@ -8,6 +8,7 @@ package pipedef
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -72,12 +73,18 @@ func Allowed(ctx context.Context, function string) error {
 // leads back to name, and nesting stays within MaxDepth. isNotFound tells
 // a missing record from a store failure, which Check returns unwrapped.
 func Check(ctx context.Context, name string, steps []abi.Step, get Records, isNotFound func(error) bool) error {
-	c := checker{ctx: ctx, get: get, notFound: isNotFound, recs: map[string]*api.Record{}}
+	return check(ctx, name, steps, get, isNotFound, true)
+}
+
+// check is Check; auth asks ctx's invoke check of every function.
+func check(ctx context.Context, name string, steps []abi.Step, get Records, isNotFound func(error) bool, auth bool) error {
+	c := checker{ctx: ctx, get: get, notFound: isNotFound, recs: map[string]*api.Record{}, auth: auth}
 	if err := c.steps(name, steps, []string{name}, "steps"); err != nil {
 		return err
 	}
 	if c.functions > MaxFunctions {
-		return &StepError{"steps", fmt.Sprintf("the pipeline runs %d functions per request, nested pipelines and parallel steps included; at most %d", c.functions, MaxFunctions), nil}
+		// The walk stops counting past the limit: "more than".
+		return &StepError{"steps", fmt.Sprintf("the pipeline runs more than %d functions per request, nested pipelines and parallel steps included", MaxFunctions), nil}
 	}
 	return nil
 }
@@ -88,6 +95,7 @@ type checker struct {
 	notFound  func(error) bool
 	recs      map[string]*api.Record // read once per check
 	functions int                    // function steps a request would run
+	auth      bool                   // ask Allowed of every function
 }
 
 // record reads name's record once per check.
@@ -118,6 +126,13 @@ func (c *checker) steps(top string, steps []abi.Step, path []string, field strin
 	return nil
 }
 
+func (c *checker) allowed(function string) error {
+	if !c.auth {
+		return nil
+	}
+	return Allowed(c.ctx, function)
+}
+
 // step checks one function step; field is where the top pipeline's
 // plover.json names the step that leads here.
 func (c *checker) step(top string, s abi.Step, path []string, field string) error {
@@ -128,7 +143,7 @@ func (c *checker) step(top string, s abi.Step, path []string, field string) erro
 	if slices.Contains(path, s.Function) {
 		return &StepError{field, fmt.Sprintf("%s -> %s is a cycle: a pipeline may not run itself", strings.Join(path, " -> "), s.Function), nil}
 	}
-	if err := Allowed(c.ctx, s.Function); err != nil {
+	if err := c.allowed(s.Function); err != nil {
 		return &ForbiddenError{StepError{field, fmt.Sprintf("function %s%s: deploying a pipeline needs invoke on every function it runs: %v", s.Function, via, err), nil}}
 	}
 	if c.functions > MaxFunctions {
@@ -171,6 +186,86 @@ func Pick(rec *api.Record, ref string) (api.Version, error) {
 		return v, nil
 	}
 	return api.Version{}, fmt.Errorf("version %q of %s is ambiguous: give more of its id (plover versions %s)", ref, rec.Name, rec.Name)
+}
+
+// UsersError is a deploy that would break pipelines running the function
+// it deploys: each such pipeline (Users, sorted) with what its check then
+// says (Reasons, in the same order). A deploy checks only the pipeline it
+// deploys (Check), so without this a nested pipeline deployed again with
+// more steps or levels passes, and the pipelines running it fail at their
+// requests instead.
+type UsersError struct {
+	Function string
+	Users    []string
+	Reasons  []string
+}
+
+func (e *UsersError) Error() string {
+	var b strings.Builder
+	for i, u := range e.Users {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "pipeline %s runs %s, and with this version its requests would fail: %s", u, e.Function, e.Reasons[i])
+	}
+	return b.String()
+}
+
+// CheckUsers checks, against recs (every record in the store), the
+// pipelines that run name (UsersOf) as if steps were name's current
+// version: a pipeline whose check passes now and would fail then (more
+// functions per request than MaxFunctions, nesting past MaxDepth, a
+// cycle) is a *UsersError. A pipeline already failing its check (a step
+// deleted with force) is left out: this deploy does not break it. Tokens
+// are not asked: what the pipelines run was allowed to their deployers.
+func CheckUsers(ctx context.Context, recs []*api.Record, name string, steps []abi.Step) error {
+	before := make(map[string]*api.Record, len(recs))
+	after := make(map[string]*api.Record, len(recs)+1)
+	for _, r := range recs {
+		before[r.Name], after[r.Name] = r, r
+	}
+	// The version being deployed has no id yet: "" is never one a step
+	// pins (Pick names a version by its id or an 8-character prefix).
+	next := &api.Record{Name: name, Versions: []api.Version{{Kind: abi.KindPipeline, Steps: steps}}}
+	if r := before[name]; r != nil {
+		next.Versions = append(slices.Clip(r.Versions), next.Versions...)
+	}
+	after[name] = next
+	all := make([]*api.Record, 0, len(after))
+	for _, r := range after {
+		all = append(all, r)
+	}
+	e := &UsersError{Function: name}
+	for _, u := range UsersOf(all, name) {
+		v, err := before[u].CurrentVersion()
+		if err != nil {
+			continue
+		}
+		if checkIn(ctx, before, u, v.Steps) != nil {
+			continue
+		}
+		if err := checkIn(ctx, after, u, v.Steps); err != nil {
+			e.Users = append(e.Users, u)
+			e.Reasons = append(e.Reasons, err.Error())
+		}
+	}
+	if len(e.Users) == 0 {
+		return nil
+	}
+	return e
+}
+
+var errNoRecord = errors.New("no record")
+
+// checkIn is check against the records in recs, without tokens.
+func checkIn(ctx context.Context, recs map[string]*api.Record, name string, steps []abi.Step) error {
+	get := func(_ context.Context, n string) (*api.Record, error) {
+		if r := recs[n]; r != nil {
+			return r, nil
+		}
+		return nil, errNoRecord
+	}
+	return check(ctx, name, steps, get, func(err error) bool { return errors.Is(err, errNoRecord) }, false)
 }
 
 // UsersOf names the pipelines among recs whose current version runs the

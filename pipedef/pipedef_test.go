@@ -176,3 +176,68 @@ func TestUsersOfWalksANestedPipelineAgainWithMoreDepth(t *testing.T) {
 		t.Errorf("UsersOf(f) = %s, want p2 among them", got)
 	}
 }
+
+// A deploy checks the pipelines that run what it deploys: a nested
+// pipeline deployed again with more steps or levels names each pipeline
+// it would break, and only those its version breaks.
+func TestCheckUsers(t *testing.T) {
+	times := func(n int, st abi.Step) []abi.Step {
+		out := make([]abi.Step, n)
+		for i := range out {
+			out[i] = st
+		}
+		return out
+	}
+	chain := []*api.Record{fn("f")} // d1 -> d2 -> ... -> d8 -> f: depth 8
+	for i := 8; i >= 1; i-- {
+		next := "f"
+		if i < 8 {
+			next = fmt.Sprintf("d%d", i+1)
+		}
+		chain = append(chain, pipe(fmt.Sprintf("d%d", i), s(next)))
+	}
+	inner := pipe("inner", times(16, s("f"))...)
+	inner.Versions = append([]api.Version{{ID: "11111111-old", Kind: abi.KindPipeline, Steps: []abi.Step{s("f")}}}, inner.Versions...)
+	recs := append(chain,
+		inner,
+		pipe("outer", times(16, s("inner"))...), // 256 functions
+		pipe("top", s("outer")),                 // 256 through outer
+		pipe("pinned", times(16, abi.Step{Function: "inner", Version: "11111111"})...), // 16
+		pipe("broken", s("inner"), s("gone")),                                          // already failing
+		pipe("par", abi.Step{Parallel: []abi.Step{s("inner"), s("f")}}),                // 17
+	)
+	for _, tc := range []struct {
+		name  string
+		steps []abi.Step
+		users []string
+		want  string
+	}{
+		{"inner", times(16, s("f")), nil, ""},
+		{"inner", times(15, s("f")), nil, ""},
+		{"inner", times(17, s("f")), []string{"outer", "top"}, "the pipeline runs more than 256 functions per request"},
+		{"d8", []abi.Step{s("inner")}, []string{"d1"}, "pipelines nest deeper than 8"},
+		{"d2", []abi.Step{s("inner")}, nil, ""},
+		{"f", []abi.Step{s("d3")}, []string{"d1", "d2", "d3", "d4", "d5", "d6", "d7", "d8", "inner", "outer", "par", "pinned", "top"}, "is a cycle"},
+		{"nobody", times(17, s("f")), nil, ""},
+	} {
+		t.Run(fmt.Sprintf("%s-%d", tc.name, len(tc.steps)), func(t *testing.T) {
+			err := CheckUsers(context.Background(), recs, tc.name, tc.steps)
+			if tc.users == nil {
+				if err != nil {
+					t.Fatalf("CheckUsers: %v, want nil", err)
+				}
+				return
+			}
+			var ue *UsersError
+			if !errors.As(err, &ue) {
+				t.Fatalf("CheckUsers: %v, want a *UsersError", err)
+			}
+			if fmt.Sprint(ue.Users) != fmt.Sprint(tc.users) {
+				t.Errorf("users %v, want %v", ue.Users, tc.users)
+			}
+			if !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "pipeline "+tc.users[0]+" runs "+tc.name) {
+				t.Errorf("error %q, want it to name %s and say %q", err, tc.users[0], tc.want)
+			}
+		})
+	}
+}

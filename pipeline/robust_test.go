@@ -329,15 +329,25 @@ func TestPipelineMaxInputIsItsFirstSteps(t *testing.T) {
 	}
 }
 
-// A nested pipeline deployed again with more steps can take a pipeline
-// that runs it past pipedef.MaxFunctions (deploy checks the pipeline it
-// deploys, not those running it): the outer pipeline's requests then fail
-// with 500 naming the limit, the deployed pipelines' fault, not the
-// client's (it was 422, a client error).
+// A nested pipeline deployed again with more steps would take a pipeline
+// that runs it past pipedef.MaxFunctions: the deploy is refused (409
+// naming that pipeline) unless forced; forced (or raced by another
+// node's deploy), the outer pipeline's requests then fail with 500 naming
+// the limit, the deployed pipelines' fault, not the client's (it was 422,
+// a client error).
 func TestALimitPassedSinceItsDeployIsTheServers(t *testing.T) {
 	e := nested256(t)
-	testkit.Deploy(t, e, pipelineDir(t, "inner", fill(17, "f")...)) // outer runs 16 x 17 = 272
-	err := pipeline.New(e, nil).Invoke(context.Background(), "outer", &call.Request{Input: []byte{1}})
+	// outer would run 16 x 17 = 272: refused, naming outer, unless forced.
+	b, _, _, err := bundle.PackBytes(pipelineDir(t, "inner", fill(17, "f")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.Control().Deploy(context.Background(), "inner", bytes.NewReader(b), false)
+	if st, _, _, _ := apierr.Classify(err); st.HTTP != 409 || !strings.Contains(err.Error(), "pipeline outer runs inner") || !strings.Contains(err.Error(), "plover deploy --force") {
+		t.Fatalf("deploying inner past outer's limit: %v (HTTP %d), want 409 naming outer and --force", err, st.HTTP)
+	}
+	testkit.ForceDeploy(t, e, pipelineDir(t, "inner", fill(17, "f")...))
+	err = pipeline.New(e, nil).Invoke(context.Background(), "outer", &call.Request{Input: []byte{1}})
 	if st, _, _, _ := apierr.Classify(err); st.HTTP != 500 || !strings.Contains(err.Error(), "more than 256 functions") {
 		t.Errorf("outer past the limit: %v (HTTP %d), want 500 naming the limit", err, st.HTTP)
 	}

@@ -89,7 +89,12 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 	if !r.take(ctx) {
 		return errdefs.Unavailable(ctx.Err(), "load %s: the server is shutting down", name)
 	}
-	defer r.give()
+	held := true // settledNow gives the turn up while it waits
+	defer func() {
+		if held {
+			r.give()
+		}
+	}()
 	// Its folder alone: the index and the scans look at the others.
 	f, ok, err := r.listOne(name)
 	if err != nil {
@@ -100,7 +105,7 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 	if !ok {
 		return errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", errdefs.QuoteName(name), r.top)
 	}
-	if f, err = r.settledNow(ctx, name, f); err != nil {
+	if f, held, err = r.settledNow(ctx, name, f); err != nil {
 		return err
 	}
 	defer r.saveKept()
@@ -159,12 +164,26 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 	return nil
 }
 
+// settling is called as a load gives the turn up to wait for name's
+// folder to settle; tests learn so.
+var settling = func(name string) {}
+
+// settleEnded is a load's error for ctx ended while its folder settled.
+func settleEnded(ctx context.Context, name string, settle time.Duration) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return errdefs.New(errdefs.KindTimeout, ctx.Err(), "load %s: the deadline passed while its folder settled (files changed within the last %s)", name, settle)
+	}
+	return errdefs.New(errdefs.KindGone, ctx.Err(), "load %s: gone while its folder settled", name)
+}
+
 // settledNow is name's folder f once its files have been still for the
 // settle time, as a scan deploys it: a load right after a copy waits for
 // it to settle (within twice the settle time and ctx) rather than deploy
 // what is there so far under the folder's label. 503 while it changes.
-// Called with the turn.
-func (r *Repository) settledNow(ctx context.Context, name string, f folder) (folder, error) {
+// Called with the turn, which it gives up while it waits, so that scans
+// and other loads go on meanwhile; held says whether it has the turn on
+// return (always, unless err).
+func (r *Repository) settledNow(ctx context.Context, name string, f folder) (_ folder, held bool, err error) {
 	giveUp := time.Now().Add(2 * r.cfg.Settle)
 	seenAt := time.Now()
 	for !f.unreadable && !f.standIn {
@@ -180,30 +199,32 @@ func (r *Repository) settledNow(ctx context.Context, name string, f folder) (fol
 			if f.err != nil {
 				why = "cannot read it yet: " + f.why
 			}
-			return f, errdefs.Unavailable(nil, "load %s: %s: still being copied; load it again once the copy ends", name, why)
+			return f, true, errdefs.Unavailable(nil, "load %s: %s: still being copied; load it again once the copy ends", name, why)
 		}
+		r.give()
+		settling(name)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return f, errdefs.New(errdefs.KindTimeout, ctx.Err(), "load %s: the deadline passed while its folder settled (files changed within the last %s)", name, r.cfg.Settle)
-			}
-			return f, errdefs.New(errdefs.KindGone, ctx.Err(), "load %s: gone while its folder settled", name)
+			return f, false, settleEnded(ctx, name, r.cfg.Settle)
 		case <-t.C:
+		}
+		if !r.take(ctx) {
+			return f, false, settleEnded(ctx, name, r.cfg.Settle)
 		}
 		g, ok, err := r.listOne(name)
 		switch {
 		case err != nil:
-			return f, errdefs.New(errdefs.KindUnavailable, err, "load %s: cannot read the model repository: %s", name, r.quiet(err))
+			return f, true, errdefs.New(errdefs.KindUnavailable, err, "load %s: cannot read the model repository: %s", name, r.quiet(err))
 		case !ok:
-			return f, errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", errdefs.QuoteName(name), r.top)
+			return f, true, errdefs.New(errdefs.KindNotFound, nil, "model %s is not in the model repository %s", errdefs.QuoteName(name), r.top)
 		case g.print != f.print || g.err != nil:
 			seenAt = time.Now()
 		}
 		f = g
 	}
-	return f, nil
+	return f, true, nil
 }
 
 // unready is why the node cannot run v, a deployed version of name, and

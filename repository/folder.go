@@ -29,7 +29,7 @@ type folder struct {
 	dir     string
 	renamed bool
 	print   string    // names, sizes and modification times of its files
-	newest  time.Time // the latest modification time in it
+	newest  time.Time // the latest change in it (changedAt)
 	err     error     // could not be read
 	// unreadable: err is not a file going while it was read (a copy or a
 	// removal in progress) but stays until the folder changes (a folder
@@ -281,8 +281,7 @@ func (r *Repository) still(f folder) bool {
 	return f.err == nil && m != nil && m.seen == f.print && time.Since(f.stillSince(m.seenAt)) >= r.cfg.Settle
 }
 
-// stillSince is when f's files last changed: its newest modification
-// time, or, for one later than seenAt, when the scans first saw f as it
+// stillSince is when f's files last changed: its newest change, or, for one later than seenAt, when the scans first saw f as it
 // is (a time ahead of the clock, an archive unpacked with the times of a
 // machine whose clock ran ahead, says nothing of when the copy ended, and
 // would keep the folder LOADING until the clock got there).
@@ -328,11 +327,32 @@ func lookLink(dir string, err error) folder {
 	target, _ := os.Readlink(dir)
 	io.WriteString(h, target+"\x00"+err.Error())
 	if fi, lerr := os.Lstat(dir); lerr == nil {
-		f.newest = fi.ModTime()
+		f.newest = changedAt(fi)
 	}
 	f.print = fmt.Sprintf("%x", h.Sum(nil))
 	return f
 }
+
+// changedAt is when fi's file last changed: the later of its modification
+// time and its status change time. A copy that keeps its source's times
+// (cp -a, rsync -a, tar x) writes old modification times, but writing
+// them sets the status change time, which no call sets back: such a copy
+// looks as recent as it is, to a load or the first scan at start as to
+// the scans after it.
+func changedAt(fi fs.FileInfo) time.Time {
+	t := fi.ModTime()
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && statusTimes {
+		if c := time.Unix(st.Ctim.Unix()); c.After(t) {
+			return c
+		}
+	}
+	return t
+}
+
+// statusTimes is whether changedAt reads status change times. This
+// package's tests age folders with os.Chtimes, which sets them to now,
+// and turn it off; TestACopyKeepingItsTimesIsNotSettled turns it on.
+var statusTimes = true
 
 // resolved is dir with its links followed (dir when they cannot be): a
 // walk does not enter a link it starts at.
@@ -415,8 +435,8 @@ func (f *folder) walk(h io.Writer, root, prefix string, follow bool) error {
 		binary.LittleEndian.PutUint64(b[:8], uint64(fi.Size()))
 		binary.LittleEndian.PutUint64(b[8:], uint64(fi.ModTime().UnixNano()))
 		h.Write(b[:])
-		if fi.ModTime().After(f.newest) {
-			f.newest = fi.ModTime()
+		if c := changedAt(fi); c.After(f.newest) {
+			f.newest = c
 		}
 		return nil
 	})

@@ -147,3 +147,45 @@ func TestLoadWaitsForItsFolderToSettle(t *testing.T) {
 		})
 	}
 }
+
+// A load waiting for its folder to settle gives the repository's turn up
+// meanwhile: another model's load (and the scans) go on, where they waited
+// up to twice the settle time.
+func TestALoadWaitingToSettleHoldsNobody(t *testing.T) {
+	models := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", true) // just written
+	writeBundle(t, filepath.Join(models, "vec", "1"), "vec", false)
+	node := newFakeNode()
+	r, err := New(Config{Dir: models, Poll: time.Hour, Settle: time.Minute}, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan struct{})
+	settling = func(name string) {
+		if name == "cnn" {
+			close(waiting)
+		}
+	}
+	defer func() { settling = func(string) {} }()
+	ctx, cancel := context.WithCancel(context.Background())
+	cnn := make(chan error, 1)
+	go func() { cnn <- r.Load(ctx, "cnn") }()
+	<-waiting
+	loaded := make(chan error, 1)
+	go func() { loaded <- r.Load(context.Background(), "vec") }()
+	select {
+	case err := <-loaded:
+		if err != nil || node.current("vec") == "" {
+			t.Errorf("vec's load beside cnn's wait: %v, current %q", err, node.current("vec"))
+		}
+	case err := <-cnn:
+		t.Fatalf("cnn's load returned first: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("vec's load waited for cnn's folder to settle")
+	}
+	r.Scan(context.Background()) // a scan too
+	cancel()
+	if err := <-cnn; errdefs.KindOf(err) != errdefs.KindGone || node.current("cnn") != "" {
+		t.Errorf("cnn's load, its client gone while it waited: %v, current %q", err, node.current("cnn"))
+	}
+}

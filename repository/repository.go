@@ -419,10 +419,10 @@ func (r *Repository) modelLocked(name string, f folder) *model {
 
 // settledLocked decides what a scan does with m as found: a folder is
 // deployed once it is still, that is when none of its files changed within
-// Settle and, while polling, when two scans a poll apart saw the same
-// files (names, sizes, times: a copy that keeps its source's times, cp -a,
-// still changes names and sizes). Its first scan at start needs only the
-// first rule, so that a repository at rest serves at once.
+// Settle (changedAt: a copy that keeps its source's times, cp -a, still
+// sets status change times) and, while polling, when two scans a poll
+// apart saw the same files (names, sizes, times). Its first scan at start
+// needs only the first rule, so that a repository at rest serves at once.
 func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResult {
 	first := m.seen == ""
 	same := f.print == m.seen

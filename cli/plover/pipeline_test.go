@@ -334,6 +334,36 @@ func TestPipelineTwoNodes(t *testing.T) {
 	}
 }
 
+// A deploy straight to the store checks the pipelines that run what it
+// deploys as a server does: a nested pipeline deployed again past its
+// runner's limit is refused naming that pipeline, unless forced.
+func TestDeployToTheStoreChecksThePipelinesRunningIt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries")
+	}
+	bin := buildPlover(t)
+	env := []string{"PLOVER_STORE=file://" + t.TempDir()}
+	steps := func(n int, name string) []any {
+		out := make([]any, n)
+		for i := range out {
+			out[i] = name
+		}
+		return out
+	}
+	run(t, bin, env, "deploy", chainFn(t, "f"))
+	run(t, bin, env, "deploy", pipelineDir(t, "inner", steps(16, "f")...))
+	run(t, bin, env, "deploy", pipelineDir(t, "outer", steps(16, "inner")...)) // 256 functions
+	more := pipelineDir(t, "inner", steps(17, "f")...)
+	out, err := runErr(bin, env, "deploy", more)
+	if err == nil || !strings.Contains(out, "pipeline outer runs inner") || !strings.Contains(out, "more than 256 functions") {
+		t.Fatalf("deploy of inner past outer's limit: %v\n%s", err, out)
+	}
+	if out := run(t, bin, env, "versions", "inner"); strings.Count(out, "\n") > 2 {
+		t.Fatalf("a refused deploy made a version:\n%s", out)
+	}
+	run(t, bin, env, "deploy", more, "--force")
+}
+
 // TestDigitsPipelineServed: the digits sample (normalize on the host, the
 // CNN, top-1) through a real server, on real held-out MNIST digits: the
 // pipeline's answer equals the three functions invoked in turn, byte for

@@ -108,11 +108,23 @@ func ServeWith(t testing.TB, srv *httpapi.Server) string {
 // Deploy packs dir and deploys it through e under its manifest name.
 func Deploy(t testing.TB, e *engine.Engine, dir string) api.FunctionInfo {
 	t.Helper()
+	return deploy(t, e, dir, false)
+}
+
+// ForceDeploy is Deploy with force: a new version even of the same bytes,
+// and even where pipelines running it would pass their limits.
+func ForceDeploy(t testing.TB, e *engine.Engine, dir string) api.FunctionInfo {
+	t.Helper()
+	return deploy(t, e, dir, true)
+}
+
+func deploy(t testing.TB, e *engine.Engine, dir string, force bool) api.FunctionInfo {
+	t.Helper()
 	b, _, m, err := bundle.PackBytes(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fi, err := e.Control().Deploy(context.Background(), m.Name, bytes.NewReader(b), false)
+	fi, err := e.Control().Deploy(context.Background(), m.Name, bytes.NewReader(b), force)
 	if err != nil {
 		t.Fatalf("deploy %s: %v", m.Name, err)
 	}
