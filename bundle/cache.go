@@ -150,6 +150,34 @@ func (c *Cache) Stats() CacheStats {
 	return s
 }
 
+// Room reports whether bundle sha, of at least size bytes (its size in
+// the cache, where it is there), can be in use beside the bundles in use
+// and the cache stay within its limit: true for one in use already, or
+// without a limit. A pre-warm asks first: a version kept warm
+// (min_instances) holds its bundle for as long as it is current, and
+// bundles in use are never evicted, so warming past the limit would let a
+// tenant fill the node's disk with large bundles, one deploy at a time.
+func (c *Cache) Room(sha string, size int64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.maxBytes <= 0 {
+		return true
+	}
+	if e, ok := c.entries[sha]; ok {
+		if e.inUse > 0 {
+			return true
+		}
+		size = e.size
+	}
+	held := size
+	for _, e := range c.entries {
+		if e.inUse > 0 {
+			held += e.size
+		}
+	}
+	return held <= c.maxBytes
+}
+
 // use marks sha used now and in use by one more holder, recording it, of
 // size bytes, if new. It cannot fail: its caller has just renamed dir into
 // place, and a directory there that no entry records would fail every

@@ -715,3 +715,47 @@ func TestCacheGetWaitsForAnotherFetchWithinItsContext(t *testing.T) {
 		t.Errorf("%d bundle locks kept with no holder or waiter", locks)
 	}
 }
+
+// Room counts the bundles in use and the one asked of (its size on the
+// disk where the cache holds it), never those it would evict.
+func TestCacheRoomCountsBundlesInUse(t *testing.T) {
+	ctx := context.Background()
+	store, _ := objectstore.NewFS(t.TempDir())
+	const size = 100 << 10
+	a, b, c := putBundle(t, store, 1, size), putBundle(t, store, 2, size), putBundle(t, store, 3, size)
+	cache, err := NewCache(t.TempDir(), 0, 2*size+size/2) // two bundles in use, not three
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sha := range []string{a, b} {
+		if _, _, _, err := cache.Get(ctx, store, sha); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cache.Release(b) // held, not in use
+	for _, tc := range []struct {
+		what string
+		sha  string
+		size int64
+		want bool
+	}{
+		{"in use already", a, size, true},
+		{"held, not in use (the cache is within its limit)", b, size, true},
+		{"absent, fits beside a", c, size, true},
+		{"absent, too large beside a", c, 2 * size, false},
+	} {
+		if got := cache.Room(tc.sha, tc.size); got != tc.want {
+			t.Errorf("%s: Room = %v, want %v", tc.what, got, tc.want)
+		}
+	}
+	if _, _, _, err := cache.Get(ctx, store, b); err != nil { // a and b in use
+		t.Fatal(err)
+	}
+	if cache.Room(c, size) {
+		t.Error("Room for a third bundle beside two in use: true, want false")
+	}
+	unlimited, _ := NewCache(t.TempDir(), 0, 0)
+	if !unlimited.Room(c, 1<<40) {
+		t.Error("Room without a limit: false")
+	}
+}

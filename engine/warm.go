@@ -162,7 +162,9 @@ func (a *asideWarms) drop(f *function) {
 
 // warmCurrent brings v up to its min_instances while it is f's current
 // version (a deploy landing meanwhile pre-warms the new one), and says why
-// it could not (logged here). A pre-warm runs the bundle's constructors:
+// it could not (logged here). A version not loaded yet is left to its
+// first request where its bundle would take the bundle cache past its
+// limit with those in use (Cache.Room): requests still load it. A pre-warm runs the bundle's constructors:
 // one that hangs must not hold a deploy (or a server's start, or the
 // reaper's top-up) for longer than a request may take.
 func (e *Engine) warmCurrent(ctx context.Context, f *function, v *version) error {
@@ -172,6 +174,11 @@ func (e *Engine) warmCurrent(ctx context.Context, f *function, v *version) error
 	defer v.pool.unref()
 	if e.tab.currentOf(f) != v {
 		return nil
+	}
+	if !v.loaded.Load() && !e.cfg.Cache.Room(v.rec.SHA256, v.rec.Size) {
+		err := fmt.Errorf("not kept warm: its bundle (%d bytes packed) and the bundles in use would pass this node's --cache-limit; it loads at its first request", v.rec.Size)
+		e.cfg.Log.Warn("cannot make the instances min_instances keeps", "function", f.name, "version", v.rec.ID, "error", err)
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
