@@ -110,6 +110,13 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	if err := e.checkRoom(dir, m); err != nil {
 		return api.FunctionInfo{}, err
 	}
+	// Into the cache before the store reads and writes below, and the
+	// turn given back: a slow bucket held both of the node's turns through
+	// its writes, and every other deploy waited. A bundle the checks below
+	// or the store then refuse stays in the cache, evicted in its turn;
+	// it is the bytes of its sha256 whatever becomes of the deploy.
+	e.cfg.Cache.Adopt(dir, sha)
+	release()
 	if m.IsPipeline() {
 		if err := c.checkPipeline(ctx, name, m.Steps); err != nil {
 			return api.FunctionInfo{}, err
@@ -132,8 +139,6 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	if err != nil {
 		return api.FunctionInfo{}, storageError(err, "deploy %s: cannot write to the store", name)
 	}
-	e.cfg.Cache.Adopt(dir, sha)
-	release() // the cache has the directory now, or it is gone: a landing's warm-up need not hold the turn
 	if created && o.Label != "" {
 		e.tab.labelled(name, o.Label, rv.ID, pub.Record)
 		e.tab.unlabel(name, o.Label, rv.ID)

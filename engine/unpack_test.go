@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"io"
 	"log/slog"
 	"math/rand"
 	"os"
@@ -383,4 +384,65 @@ func TestColdStartDiskFullNamesTheStageNotThePath(t *testing.T) {
 		full.Store(false)
 		invoke(t, e, "cold", []byte("x"))
 	}
+}
+
+// bundlePutGate holds every bundle's Put until opened, counting those
+// held: a bucket slow to take bundles.
+type bundlePutGate struct {
+	objectstore.Store
+	held atomic.Int32
+	open chan struct{}
+}
+
+func (g *bundlePutGate) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	if strings.HasPrefix(key, "bundles/") {
+		g.held.Add(1)
+		<-g.open
+	}
+	return g.Store.Put(ctx, key, r, size)
+}
+
+// A deploy gives its turn to unpack back once its bundle is in the cache,
+// before it writes to the store: two deploys to a slow bucket held both
+// of the node's turns through their writes, and every other deploy waited.
+func TestADeployWritingToTheStoreHoldsNoTurn(t *testing.T) {
+	fs, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &bundlePutGate{Store: fs, open: make(chan struct{})}
+	c, err := bundle.NewCache(t.TempDir(), 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := testkit.Engine(t, engine.Config{Store: g, Cache: c})
+	dir := testkit.BundleDir(t, testkit.Manifest("w-0"), nil)
+	errs := make(chan error, 3)
+	opened := false
+	open := func() {
+		if !opened {
+			opened = true
+			close(g.open)
+		}
+	}
+	defer open() // before the engine closes
+	for i := range 3 {
+		name := "w-" + strconv.Itoa(i)
+		b := packedAs(t, dir, name)
+		go func() {
+			_, err := e.Control().Deploy(context.Background(), name, bytes.NewReader(b), false)
+			errs <- err
+		}()
+	}
+	engine.WaitFor(t, "three deploys writing their bundles to the store at once", func() bool { return g.held.Load() == 3 })
+	open()
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Errorf("deploy: %v", err)
+		}
+	}
+	if n := c.Stats().Bundles; n != 3 { // their first requests fetch nothing
+		t.Errorf("%d bundles in the cache, want the 3 deployed", n)
+	}
+	invoke(t, e, "w-2", []byte("x"))
 }
