@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -75,17 +76,39 @@ func TestGCKeepsABundleADeployReusedMeanwhile(t *testing.T) {
 
 	st := &onDelete{Store: s3, key: bundle.ObjectKey(shas[0])}
 	g := Registry{Store: st}
+	published := make(chan error, 1)
 	st.hook = func() {
 		// While gc deletes the first, a deploy (another node's) reuses
 		// the second: its object is there, so it is touched, not written.
+		// It then waits on the second's mark (gc marks its bundles all
+		// at once), so the hook waits for its record only.
 		m := &abi.Manifest{Name: "reuser", Priority: "default"}
-		if _, created, err := g.Publish(ctx, m, bytes.NewReader(bodies[1]), shas[1], int64(len(bodies[1])), false); err != nil || !created {
-			t.Errorf("publish: created %v, %v", created, err)
+		go func() {
+			_, created, err := g.Publish(ctx, m, bytes.NewReader(bodies[1]), shas[1], int64(len(bodies[1])), false)
+			if err == nil && !created {
+				err = errors.New("not created")
+			}
+			published <- err
+		}()
+		for {
+			select {
+			case err := <-published: // done or failed without waiting
+				published <- err
+				return
+			default:
+			}
+			if _, err := s3.Stat(ctx, recordPrefix+"reuser.json"); err == nil {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 	}
 	removed, err := g.GC(ctx, grace)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if err := <-published; err != nil {
+		t.Fatalf("publish: %v", err)
 	}
 	sort.Strings(removed)
 	rec, err := g.Get(ctx, "reuser")
@@ -403,5 +426,42 @@ func TestGCWithoutGraceKeepsABundleADeployJustNamed(t *testing.T) {
 	}
 	if _, err := store.Stat(ctx, bundle.ObjectKey(sha)); err != nil || len(removed) > 0 {
 		t.Errorf("gc removed %q under the record of the deploy that reused it: %v", removed, err)
+	}
+}
+
+// gc reads the records once per deleteBatch bundles under their marks,
+// not once a bundle: a store of many unused bundles was listed that many
+// times (a listing, and the changed records, each).
+func TestGCReadsTheRecordsOncePerBatch(t *testing.T) {
+	ctx := context.Background()
+	fs, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 100
+	for i := range n {
+		b := []byte(fmt.Sprintf("bundle %d", i))
+		if err := fs.Put(ctx, bundle.ObjectKey(bundle.Digest(b)), bytes.NewReader(b), int64(len(b))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kept := []byte("named")
+	g := Registry{Store: fs}
+	if _, _, err := g.Publish(ctx, &abi.Manifest{Name: "kept", Priority: "default"}, bytes.NewReader(kept), bundle.Digest(kept), int64(len(kept)), false); err != nil {
+		t.Fatal(err)
+	}
+	st := &countLists{Store: fs, prefix: recordPrefix}
+	removed, err := Registry{Store: st}.GC(ctx, 0)
+	if err != nil || len(removed) != n {
+		t.Fatalf("gc removed %d bundles, %v; want %d", len(removed), err, n)
+	}
+	if want := 1 + (n+deleteBatch-1)/deleteBatch; int(st.n.Load()) != want {
+		t.Errorf("gc listed the records %d times, want %d", st.n.Load(), want)
+	}
+	if _, err := fs.Stat(ctx, bundle.ObjectKey(bundle.Digest(kept))); err != nil {
+		t.Errorf("the named bundle: %v", err)
+	}
+	if marks, _ := fs.List(ctx, deletingDir); len(marks) != 0 {
+		t.Errorf("%d marks left", len(marks))
 	}
 }

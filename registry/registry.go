@@ -500,7 +500,8 @@ func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
 		}
 		used[v.SHA256] = true // versions may share a bundle
 		// Kept if gone already, or just written or reused by a deploy.
-		deleted, err := g.deleteUnused(ctx, bundle.ObjectKey(v.SHA256), BundleGrace)
+		gone, err := g.deleteUnused(ctx, []string{bundle.ObjectKey(v.SHA256)}, BundleGrace)
+		deleted := len(gone) > 0
 		if cerr := ctx.Err(); cerr != nil && !deleted {
 			// Whatever the store said (a not found whose bucket check was
 			// cut is no bundle gone), this one and the rest are kept: one
@@ -630,19 +631,20 @@ func (g Registry) GC(ctx context.Context, grace time.Duration) ([]string, error)
 		left, _ := tc.CleanTemp(max(grace, BundleGrace))
 		removed = append(removed, left...)
 	}
+	var unused []string
 	for _, o := range objs {
-		if used[o.Key] || time.Since(o.ModTime) < grace {
-			continue
+		if !used[o.Key] && time.Since(o.ModTime) >= grace {
+			unused = append(unused, o.Key)
 		}
-		// Its age again, as it is now, under the delete's mark: a deploy
-		// may have reused it (touched it, then written a record naming
-		// it) since the listing, while the bundles before it were deleted.
-		deleted, err := g.deleteUnused(ctx, o.Key, grace)
+	}
+	for b := range slices.Chunk(unused, deleteBatch) {
+		// Named and aged again, as they are now, under the deletes'
+		// marks: a deploy may have reused one (touched it, then written a
+		// record naming it) since the listing, while others were deleted.
+		deleted, err := g.deleteUnused(ctx, b, grace)
+		removed = append(removed, deleted...)
 		if err != nil {
 			return removed, fmt.Errorf("gc: %w", err)
-		}
-		if deleted {
-			removed = append(removed, o.Key)
 		}
 	}
 	// Marks of deletes that died before they removed them.
