@@ -71,6 +71,19 @@ type Override struct {
 	Chain    []abi.Launch // nil: the manifest's chain
 	OutBytes int64        // < 0: the manifest's out_bytes
 	TmpBytes int64        // < 0: the manifest's tmp_bytes
+	// Names, if set, is how the client's body names a field of the
+	// override given its Plover name (out_bytes, tmp_bytes, chain,
+	// chain[1].grid), so that a refusal names the field the client sent
+	// (a PyPlover body's output_size, grid_sizes[1]).
+	Names func(field string) string
+}
+
+// Field is field as the client named it (Names).
+func (o *Override) Field(field string) string {
+	if o.Names == nil {
+		return field
+	}
+	return o.Names(field)
 }
 
 // Request is one invocation. Callers may reuse a Request (and its Output's

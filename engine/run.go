@@ -265,7 +265,7 @@ func (p *pool) runRetrying(ctx context.Context, req *call.Request, in *instance,
 	for retried := false; ; retried = true {
 		var err error
 		if req.Override != nil && req.Override.Chain != nil {
-			if j.steps, err = v.resolveChain(ctx, in.dev, req.Override.Chain, deadline); err != nil {
+			if j.steps, err = v.resolveChain(ctx, in.dev, req.Override, deadline); err != nil {
 				// A worker that was dead before the lookup, or that the
 				// server stopped (an earlier chain past its deadline, its
 				// memory limit, a message out of turn), fails here before

@@ -72,19 +72,22 @@ func (v *version) override(o *call.Override) (int64, int64, error) {
 	m := v.manifest
 	if o.Chain != nil {
 		if err := abi.ValidateChain("chain", o.Chain); err != nil {
+			if fe, ok := abi.AsFieldError(err); ok {
+				return 0, 0, errorf(errdefs.KindInvalid, err, "%s: %s", o.Field(fe.Field), fe.Reason)
+			}
 			return 0, 0, errorf(errdefs.KindInvalid, err, "%s", err.Error())
 		}
 	}
 	out, tmp := m.OutBytes, m.TmpBytes
 	if o.OutBytes >= 0 {
 		if o.OutBytes > m.OutBytes {
-			return 0, 0, errorf(errdefs.KindInvalid, nil, "out_bytes: %d is over the manifest's %d", o.OutBytes, m.OutBytes)
+			return 0, 0, errorf(errdefs.KindInvalid, nil, "%s: %d is over the manifest's out_bytes, %d", o.Field("out_bytes"), o.OutBytes, m.OutBytes)
 		}
 		out = o.OutBytes
 	}
 	if o.TmpBytes >= 0 {
 		if o.TmpBytes > m.TmpBytes {
-			return 0, 0, errorf(errdefs.KindInvalid, nil, "tmp_bytes: %d is over the manifest's %d", o.TmpBytes, m.TmpBytes)
+			return 0, 0, errorf(errdefs.KindInvalid, nil, "%s: %d is over the manifest's tmp_bytes, %d", o.Field("tmp_bytes"), o.TmpBytes, m.TmpBytes)
 		}
 		tmp = o.TmpBytes
 	}
@@ -100,7 +103,8 @@ type entryWaiter interface {
 
 // resolveChain is an override chain's steps on p's program, for a request
 // of ctx due by deadline (zero: none), which bounds the lookups' waits.
-func (v *version) resolveChain(ctx context.Context, p *placement, chain []abi.Launch, deadline time.Time) ([]device.Step, error) {
+func (v *version) resolveChain(ctx context.Context, p *placement, o *call.Override, deadline time.Time) ([]device.Step, error) {
+	chain := o.Chain
 	if !deadline.IsZero() {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, deadline)
@@ -117,15 +121,15 @@ func (v *version) resolveChain(ctx context.Context, p *placement, chain []abi.La
 		}
 		if errors.Is(err, device.ErrNotStarted) { // the program is intact, and nothing ran
 			if errors.Is(ctx.Err(), context.Canceled) { // the client went, not the deadline
-				return nil, errorf(errdefs.KindGone, err, "function %s: the client went away before chain[%d].kernel could be looked up", v.fn.name, i)
+				return nil, errorf(errdefs.KindGone, err, "function %s: the client went away before %s could be looked up", v.fn.name, o.Field(fmt.Sprintf("chain[%d].kernel", i)))
 			}
-			return nil, errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed before chain[%d].kernel could be looked up", v.fn.name, i)
+			return nil, errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed before %s could be looked up", v.fn.name, o.Field(fmt.Sprintf("chain[%d].kernel", i)))
 		}
 		if err != nil {
 			if _, lost := device.AsLoss(err); lost || errors.Is(err, device.ErrDeadline) {
 				return nil, err // the worker's trouble, not the chain's
 			}
-			return nil, errorf(errdefs.KindInvalid, err, "chain[%d].kernel: function %s %s", i, v.fn.name, reason(err))
+			return nil, errorf(errdefs.KindInvalid, err, "%s: function %s %s", o.Field(fmt.Sprintf("chain[%d].kernel", i)), v.fn.name, reason(err))
 		}
 		steps[i] = device.Step{Entry: e, Grid: int32(l.Grid), Block: int32(l.Block)}
 	}

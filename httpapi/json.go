@@ -83,7 +83,7 @@ func parseInvokeBody(body []byte, name string) ([]byte, *call.Override, *invokeB
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		o.Chain = chain
+		o.Chain, o.Names = chain, pyName
 		b.OutBytes, b.TmpBytes = b.OutputSize, b.TmpSize
 	} else {
 		o.Chain = b.Chain
@@ -116,9 +116,30 @@ func parseInvokeBody(body []byte, name string) ([]byte, *call.Override, *invokeB
 
 func sizeField(pyplover bool, which string) string {
 	if pyplover {
-		return map[string]string{"out": "output_size", "tmp": "tmp_size"}[which]
+		return pyName(which + "_bytes")
 	}
 	return which + "_bytes"
+}
+
+// pyName is a PyPlover body's name for an override's field, given its
+// Plover name (call.Override.Names): chain[1].grid is grid_sizes[1].
+func pyName(field string) string {
+	switch field {
+	case "out_bytes":
+		return "output_size"
+	case "tmp_bytes":
+		return "tmp_size"
+	case "chain":
+		return "func_names"
+	}
+	var i int
+	var sub string
+	if n, _ := fmt.Sscanf(field, "chain[%d].%s", &i, &sub); n == 2 {
+		if arr, ok := map[string]string{"kernel": "func_names", "grid": "grid_sizes", "block": "block_sizes"}[sub]; ok {
+			return fmt.Sprintf("%s[%d]", arr, i)
+		}
+	}
+	return field
 }
 
 func pyChain(names []string, grids, blocks []int) ([]abi.Launch, error) {

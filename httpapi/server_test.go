@@ -138,6 +138,11 @@ func TestErrorStatuses(t *testing.T) {
 		{"override unknown kernel", "POST", "echo/invoke", "application/json", []byte(`{"input":"AA==","chain":[{"kernel":"nope","grid":1,"block":1}]}`), 422, "invalid", `"nope"`},
 		{"override libc", "POST", "echo/invoke", "application/json", []byte(`{"input":"AA==","chain":[{"kernel":"system","grid":1,"block":1}]}`), 422, "invalid", `"system"`},
 		{"override out over max", "POST", "echo/invoke", "application/json", []byte(`{"input":"AA==","out_bytes":100000}`), 422, "invalid", "out_bytes"},
+		// A PyPlover body's refusals name its own fields.
+		{"pyplover out over max", "POST", "echo/invoke", "application/json", []byte(`{"inputs":"AA==","output_size":100000}`), 422, "invalid", "output_size: 100000 is over the manifest's out_bytes"},
+		{"pyplover bad grid", "POST", "echo/invoke", "application/json", []byte(`{"inputs":"AA==","func_names":["echo","echo"],"grid_sizes":[1,0],"block_sizes":[1,1]}`), 422, "invalid", "grid_sizes[1]: 0 must be in"},
+		{"pyplover unknown kernel", "POST", "echo/invoke", "application/json", []byte(`{"inputs":"AA==","func_names":["echo","nope"],"grid_sizes":[1,1],"block_sizes":[1,1]}`), 422, "invalid", `func_names[1]: function echo`},
+		{"native bad grid", "POST", "echo/invoke", "application/json", []byte(`{"input":"AA==","chain":[{"kernel":"echo","grid":0,"block":1}]}`), 422, "invalid", "chain[0].grid: 0 must be in"},
 		{"kernel failure", "POST", "failing/invoke", "application/octet-stream", []byte("x"), 500, "kernel_failed", "fail kernel was asked to fail"},
 		{"delete unknown", "DELETE", "nope", "", nil, 404, "not_found", "not found"},
 	}
@@ -192,7 +197,7 @@ func TestErrorStatuses(t *testing.T) {
 		requests, clientErrors, errors int64
 		mean                           bool
 	}{
-		{"echo", 14, 13, 0, true},
+		{"echo", 18, 17, 0, true},
 		{"failing", 1, 0, 1, false},
 	} {
 		fi, err := e.Control().Function(t.Context(), want.name)
