@@ -591,8 +591,9 @@ func (c *Cache) rename(work, dir string, aside *[]string) error {
 }
 
 // Verify unpacks a bundle into a scratch directory under the cache and
-// returns it with its manifest, for checks before a deploy is accepted. The
-// caller removes the directory. check (nil: none) is put the manifest as
+// returns it with its manifest, for checks before a deploy is accepted
+// (its files neither hashed nor synced yet: Adopt does that). The caller
+// removes the directory. check (nil: none) is put the manifest as
 // soon as it is read, and its error returned as it is, before any file is
 // written: a bundle deployed under another name, or for a device the node
 // lacks, is refused before its gigabytes of constants are unpacked.
@@ -602,9 +603,6 @@ func (c *Cache) Verify(r io.Reader, check func(*abi.Manifest) error) (string, *a
 		return "", nil, fmt.Errorf("bundle cache: %w", err)
 	}
 	m, err := unpack(r, work, c.maxUnpacked, c.WriteFault, abi.ParseManifest, check)
-	if err == nil {
-		_, err = writeSums(work) // Adopt may make it a cache entry, stamps read at its first Get
-	}
 	if err != nil {
 		os.RemoveAll(work)
 		return "", nil, err
@@ -624,7 +622,14 @@ func (c *Cache) Adopt(work, sha string) {
 	unlock, _ := c.lock(context.Background(), sha) // no context: never fails
 	defer unlock()                                 // let go on every path, a panic's too
 	dir := filepath.Join(c.dir, sha)
-	size, _, err := dirSize(work) // before the rename: use cannot fail after it
+	// Hashed and synced here, not by Verify: a bundle the deploy's checks
+	// refuse costs no hashing of its files nor syncing them to the disk.
+	// Its stamps are read at its first Get.
+	_, err := writeSums(work)
+	var size int64
+	if err == nil {
+		size, _, err = dirSize(work) // before the rename: use cannot fail after it
+	}
 	if err == nil {
 		err = os.Rename(work, dir)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -757,5 +758,34 @@ func TestCacheRoomCountsBundlesInUse(t *testing.T) {
 	unlimited, _ := NewCache(t.TempDir(), 0, 0)
 	if !unlimited.Room(c, 1<<40) {
 		t.Error("Room without a limit: false")
+	}
+}
+
+// A deploy's unpacked bundle is hashed and synced when the cache adopts
+// it, not as Verify unpacks it: a bundle the deploy's checks refuse costs
+// neither. The adopted entry has its digests, and serves without a fetch.
+func TestVerifyLeavesTheHashingToAdopt(t *testing.T) {
+	store, _ := objectstore.NewFS(t.TempDir())
+	sha := putBundle(t, store, 1, 10<<10)
+	c, err := NewCache(t.TempDir(), 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sums error
+	if err := verifyThen(c, store, sha, func(work string) {
+		_, sums = os.Stat(filepath.Join(work, sumsFile))
+		c.Adopt(work, sha)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(sums, fs.ErrNotExist) {
+		t.Errorf("Verify's directory: %s %v, want none yet", sumsFile, sums)
+	}
+	if _, err := os.Stat(filepath.Join(c.Dir(), sha, sumsFile)); err != nil {
+		t.Errorf("the adopted entry's %s: %v", sumsFile, err)
+	}
+	empty, _ := objectstore.NewFS(t.TempDir())
+	if _, _, fetched, err := c.Get(context.Background(), empty, sha); err != nil || fetched {
+		t.Errorf("Get of the adopted bundle: fetched %v, %v", fetched, err)
 	}
 }
