@@ -85,7 +85,7 @@ func checkDirect(reg registry.Registry, dir string, m *abi.Manifest, force bool)
 		if err != nil {
 			return fmt.Errorf("deploy %s: listing the pipelines that may run it: %w", m.Name, err)
 		}
-		if err := pipedef.CheckUsers(context.Background(), recs, m.Name, m.Steps); err != nil {
+		if err := pipedef.CheckUsers(context.Background(), recs, m.Name, m.Steps, "", false); err != nil {
 			return fmt.Errorf("deploy %s: %w: redeploy them first, or deploy with --force and let their requests fail", m.Name, err)
 		}
 		return nil

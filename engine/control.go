@@ -121,8 +121,8 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		if err := c.checkPipeline(ctx, name, m.Steps); err != nil {
 			return api.FunctionInfo{}, err
 		}
-		if !o.Force && !o.Aside {
-			if err := c.checkUsers(ctx, name, m.Steps); err != nil {
+		if !o.Force && (!o.Aside || o.Label != "") {
+			if err := c.checkUsers(ctx, name, m.Steps, o.Label, o.Aside); err != nil {
 				return api.FunctionInfo{}, err
 			}
 		}
@@ -279,13 +279,13 @@ func (c *Control) checkPipeline(ctx context.Context, name string, steps []abi.St
 // pipelines running name pass a limit or form a cycle
 // (pipedef.CheckUsers): their requests would fail (500) from the moment
 // it lands. A deploy with force goes on, as plover rm --force does.
-func (c *Control) checkUsers(ctx context.Context, name string, steps []abi.Step) error {
+func (c *Control) checkUsers(ctx context.Context, name string, steps []abi.Step, label string, aside bool) error {
 	recs, err := c.e.tab.reg.List(ctx)
 	if err != nil {
 		return unavailable(err, "deploy %s: listing the pipelines that may run it: store unavailable", name)
 	}
 	var ue *pipedef.UsersError
-	if err := pipedef.CheckUsers(ctx, recs, name, steps); errors.As(err, &ue) {
+	if err := pipedef.CheckUsers(ctx, recs, name, steps, label, aside); errors.As(err, &ue) {
 		return errorf(errdefs.KindConflict, err, "deploy %s: %s: redeploy %s first, or deploy with force (plover deploy --force) and let %s requests fail", name, err.Error(), strings.Join(ue.Users, ", "), plural(len(ue.Users), "its", "their"))
 	}
 	return nil

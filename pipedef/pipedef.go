@@ -218,7 +218,11 @@ func (e *UsersError) Error() string {
 // cycle) is a *UsersError. A pipeline already failing its check (a step
 // deleted with force) is left out: this deploy does not break it. Tokens
 // are not asked: what the pipelines run was allowed to their deployers.
-func CheckUsers(ctx context.Context, recs []*api.Record, name string, steps []abi.Step) error {
+//
+// label is the version's (a model repository's version folder: a step
+// pinning it by its number runs the newest version so labelled); aside
+// adds it beside the current version, which stays current.
+func CheckUsers(ctx context.Context, recs []*api.Record, name string, steps []abi.Step, label string, aside bool) error {
 	before := make(map[string]*api.Record, len(recs))
 	after := make(map[string]*api.Record, len(recs)+1)
 	for _, r := range recs {
@@ -226,9 +230,12 @@ func CheckUsers(ctx context.Context, recs []*api.Record, name string, steps []ab
 	}
 	// The version being deployed has no id yet: "" is never one a step
 	// pins (Pick names a version by its id or an 8-character prefix).
-	next := &api.Record{Name: name, Versions: []api.Version{{Kind: abi.KindPipeline, Steps: steps}}}
+	next := &api.Record{Name: name, Versions: []api.Version{{Kind: abi.KindPipeline, Steps: steps, Label: label}}}
 	if r := before[name]; r != nil {
 		next.Versions = append(slices.Clip(r.Versions), next.Versions...)
+		if aside {
+			next.Current = r.Current
+		}
 	}
 	after[name] = next
 	all := make([]*api.Record, 0, len(after))

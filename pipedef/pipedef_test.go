@@ -221,7 +221,7 @@ func TestCheckUsers(t *testing.T) {
 		{"nobody", times(17, s("f")), nil, ""},
 	} {
 		t.Run(fmt.Sprintf("%s-%d", tc.name, len(tc.steps)), func(t *testing.T) {
-			err := CheckUsers(context.Background(), recs, tc.name, tc.steps)
+			err := CheckUsers(context.Background(), recs, tc.name, tc.steps, "", false)
 			if tc.users == nil {
 				if err != nil {
 					t.Fatalf("CheckUsers: %v, want nil", err)
@@ -239,5 +239,39 @@ func TestCheckUsers(t *testing.T) {
 				t.Errorf("error %q, want it to name %s and say %q", err, tc.users[0], tc.want)
 			}
 		})
+	}
+}
+
+// A step pinning a version by its label (a model repository's version
+// folder) runs the newest version so labelled: a version deployed again
+// under that label, beside the current one or as it, is checked against
+// the pipelines pinning it.
+func TestCheckUsersFollowsALabel(t *testing.T) {
+	inner := pipe("inner", s("f"))
+	inner.Versions = append([]api.Version{{ID: "22222222-two", Label: "2", Kind: abi.KindPipeline, Steps: []abi.Step{s("f")}}}, inner.Versions...)
+	outer := make([]abi.Step, 16)
+	for i := range outer {
+		outer[i] = abi.Step{Function: "inner", Version: "2"}
+	}
+	recs := []*api.Record{fn("f"), inner, pipe("outer", outer...)}
+	seventeen := make([]abi.Step, 17)
+	for i := range seventeen {
+		seventeen[i] = s("f")
+	}
+	for _, tc := range []struct {
+		label string
+		aside bool
+		users []string
+	}{
+		{"2", true, []string{"outer"}},
+		{"2", false, []string{"outer"}},
+		{"3", true, nil},
+		{"", false, nil}, // current, unlabelled: outer pins 2
+	} {
+		err := CheckUsers(context.Background(), recs, "inner", seventeen, tc.label, tc.aside)
+		var ue *UsersError
+		if errors.As(err, &ue) != (tc.users != nil) || ue != nil && fmt.Sprint(ue.Users) != fmt.Sprint(tc.users) {
+			t.Errorf("label %q aside %v: %v, want users %v", tc.label, tc.aside, err, tc.users)
+		}
 	}
 }

@@ -213,6 +213,9 @@ func (r *Repository) settledNow(ctx context.Context, name string, f folder) (_ f
 		if !r.take(ctx) {
 			return f, false, settleEnded(ctx, name, r.cfg.Settle)
 		}
+		if ctx.Err() != nil { // take may pick the free turn over an ended ctx
+			return f, true, settleEnded(ctx, name, r.cfg.Settle)
+		}
 		g, ok, err := r.listOne(name)
 		switch {
 		case err != nil:
