@@ -69,54 +69,14 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
-	h := sha256.New() // hashed on the way to disk: the bundle is read once
-	sink := &fileutil.Writer{W: io.MultiWriter(e.cfg.WriteFault.Wrap(tmp, tmp.Name()), h)}
-	limit, over := e.bundleLimit(name)
-	n, err := io.Copy(sink, io.LimitReader(body, limit+1))
-	if err != nil && sink.Err != nil { // our disk, not the client
-		return api.FunctionInfo{}, e.diskError(name, "spooling", sink.Err)
-	}
-	if err != nil {
-		// The transport's class where it gave one (a client gone); its own
-		// refusals (a stall's 408, a body cut short) are read through the
-		// wrap, and say why.
-		k, why := errdefs.KindBadRequest, err.Error()
-		var ee *errdefs.Error
-		if errors.As(err, &ee) {
-			k, why = ee.Kind, ee.Msg
-		}
-		return api.FunctionInfo{}, errorf(k, err, "deploy %s: reading the bundle: %s", name, why)
-	}
-	if n > limit {
-		return api.FunctionInfo{}, over
-	}
-	sha := hex.EncodeToString(h.Sum(nil))
-	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "deploy")
-	}
-	release, err := e.unpackTurn(ctx, name)
+	sha, n, err := e.spool(name, body, tmp)
 	if err != nil {
 		return api.FunctionInfo{}, err
 	}
-	defer release() // after the RemoveAll below: the turn bounds the scratch directory's disk too
-	dir, m, err := e.cfg.Cache.Verify(tmp, func(m *abi.Manifest) error { return checkManifest(m, name, e.targets) })
+	m, err := e.unpackChecked(ctx, name, tmp, sha)
 	if err != nil {
-		return api.FunctionInfo{}, e.unpackError(name, err)
-	}
-	defer os.RemoveAll(dir)
-	if err := e.checkBundle(name, dir, m); err != nil {
 		return api.FunctionInfo{}, err
 	}
-	if err := e.checkRoom(dir, m); err != nil {
-		return api.FunctionInfo{}, err
-	}
-	// Into the cache before the store reads and writes below, and the
-	// turn given back: a slow bucket held both of the node's turns through
-	// its writes, and every other deploy waited. A bundle the checks below
-	// or the store then refuse stays in the cache, evicted in its turn;
-	// it is the bytes of its sha256 whatever becomes of the deploy.
-	e.cfg.Cache.Adopt(dir, sha)
-	release()
 	if m.IsPipeline() {
 		if err := c.checkPipeline(ctx, name, m.Steps); err != nil {
 			return api.FunctionInfo{}, err
@@ -167,6 +127,66 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	}
 	e.cfg.Log.Info("deployed", "function", name, "version", rv.ID, "sha256", sha[:12], "bytes", n)
 	return c.landed(ctx, f, name, rv), nil
+}
+
+// spool copies a deploy's body into tmp, hashing it on the way (the
+// bundle is read once), and returns its sha256 and size: 413 past the
+// node's bound, the transport's class for a failed read (a client gone,
+// a stall's 408), the node's disk error for a failed write.
+func (e *Engine) spool(name string, body io.Reader, tmp *os.File) (string, int64, error) {
+	h := sha256.New()
+	sink := &fileutil.Writer{W: io.MultiWriter(e.cfg.WriteFault.Wrap(tmp, tmp.Name()), h)}
+	limit, over := e.bundleLimit(name)
+	n, err := io.Copy(sink, io.LimitReader(body, limit+1))
+	if err != nil && sink.Err != nil { // our disk, not the client
+		return "", 0, e.diskError(name, "spooling", sink.Err)
+	}
+	if err != nil {
+		// The transport's class where it gave one (a client gone); its own
+		// refusals (a stall's 408, a body cut short) are read through the
+		// wrap, and say why.
+		k, why := errdefs.KindBadRequest, err.Error()
+		var ee *errdefs.Error
+		if errors.As(err, &ee) {
+			k, why = ee.Kind, ee.Msg
+		}
+		return "", 0, errorf(k, err, "deploy %s: reading the bundle: %s", name, why)
+	}
+	if n > limit {
+		return "", 0, over
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return "", 0, errorf(errdefs.KindInternal, err, "deploy")
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// unpackChecked unpacks the spooled bundle in a turn of the node's
+// (unpackTurn), checks it (manifest, library, room on the devices) and
+// hands it to the cache, then gives the turn back, before any store read
+// or write: a slow bucket held both of the node's turns through its
+// writes, and every other deploy waited. A bundle the later checks or the
+// store refuse stays in the cache, evicted in its turn: it is the bytes
+// of its sha256 whatever becomes of the deploy.
+func (e *Engine) unpackChecked(ctx context.Context, name string, tmp io.Reader, sha string) (*abi.Manifest, error) {
+	release, err := e.unpackTurn(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer release() // after the RemoveAll below: the turn bounds the scratch directory's disk too
+	dir, m, err := e.cfg.Cache.Verify(tmp, func(m *abi.Manifest) error { return checkManifest(m, name, e.targets) })
+	if err != nil {
+		return nil, e.unpackError(name, err)
+	}
+	defer os.RemoveAll(dir)
+	if err := e.checkBundle(name, dir, m); err != nil {
+		return nil, err
+	}
+	if err := e.checkRoom(dir, m); err != nil {
+		return nil, err
+	}
+	e.cfg.Cache.Adopt(dir, sha)
+	return m, nil
 }
 
 // bundleLimit is the most bytes a deploy of name may store, and the 413
@@ -286,7 +306,7 @@ func (c *Control) checkUsers(ctx context.Context, name string, steps []abi.Step,
 	}
 	var ue *pipedef.UsersError
 	if err := pipedef.CheckUsers(ctx, recs, name, steps, label, aside); errors.As(err, &ue) {
-		return errorf(errdefs.KindConflict, err, "deploy %s: %s: redeploy %s first, or deploy with force (plover deploy --force) and let %s requests fail", name, err.Error(), strings.Join(ue.Users, ", "), plural(len(ue.Users), "its", "their"))
+		return errorf(errdefs.KindConflict, err, "deploy %s: %s: redeploy %s first, or deploy with force (plover deploy --force) and let %s requests fail", name, err.Error(), plural(len(ue.Users), ue.Users[0], "them"), plural(len(ue.Users), "its", "their"))
 	}
 	return nil
 }

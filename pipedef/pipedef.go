@@ -202,14 +202,22 @@ type UsersError struct {
 
 func (e *UsersError) Error() string {
 	var b strings.Builder
-	for i, u := range e.Users {
+	for i, u := range e.Users[:min(len(e.Users), maxUsersSaid)] {
 		if i > 0 {
 			b.WriteString("; ")
 		}
 		fmt.Fprintf(&b, "pipeline %s runs %s, and with this version its requests would fail: %s", u, e.Function, e.Reasons[i])
 	}
+	if more := len(e.Users) - maxUsersSaid; more > 0 {
+		fmt.Fprintf(&b, "; and %d more pipelines", more)
+	}
 	return b.String()
 }
+
+// maxUsersSaid bounds the pipelines a UsersError's text names with their
+// reasons: a function many pipelines nest would make an answer of any
+// size.
+const maxUsersSaid = 5
 
 // CheckUsers checks, against recs (every record in the store), the
 // pipelines that run name (UsersOf) as if steps were name's current

@@ -275,3 +275,17 @@ func TestCheckUsersFollowsALabel(t *testing.T) {
 		}
 	}
 }
+
+// A UsersError names at most maxUsersSaid pipelines with their reasons,
+// and counts the rest.
+func TestUsersErrorIsBounded(t *testing.T) {
+	e := &UsersError{Function: "f"}
+	for i := range maxUsersSaid + 3 {
+		e.Users = append(e.Users, fmt.Sprintf("p%d", i))
+		e.Reasons = append(e.Reasons, "steps: too many")
+	}
+	msg := e.Error()
+	if strings.Count(msg, "too many") != maxUsersSaid || !strings.HasSuffix(msg, "; and 3 more pipelines") {
+		t.Errorf("error %q", msg)
+	}
+}

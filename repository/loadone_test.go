@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -161,9 +162,10 @@ func TestALoadWaitingToSettleHoldsNobody(t *testing.T) {
 		t.Fatal(err)
 	}
 	waiting := make(chan struct{})
+	var once sync.Once // called at each wait
 	settling = func(name string) {
 		if name == "cnn" {
-			close(waiting)
+			once.Do(func() { close(waiting) })
 		}
 	}
 	defer func() { settling = func(string) {} }()
