@@ -16,6 +16,7 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/pipedef"
 )
 
 // One model's deploy cycle: its version folders read, each version the
@@ -206,7 +207,7 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 			// yet: the next scan tries again. A bundle the node refuses
 			// waits for its folder to change.
 			retry = retry || passing(err)
-			if passing(err) || !other {
+			if passing(err) || !other || breaksUsers(err) {
 				named = append(named, *v)
 				keep = keep || i == len(vers)-1
 			}
@@ -305,17 +306,30 @@ func (r *Repository) retire(ctx context.Context, name string, rec *api.Record, v
 // passing reports whether a version's deploy failed for a reason that may
 // pass without its folder changing: anything but a bundle the node refuses
 // as it is (invalid, malformed, too large, a step the deployer may not
-// run), or a pipeline whose step is not deployed yet.
+// run, a pipeline that would break the pipelines running it), or a
+// pipeline whose step is not deployed yet.
 func passing(err error) bool {
 	var nf *errdefs.NoFunction
 	if errors.As(err, &nf) {
 		return true
+	}
+	if breaksUsers(err) {
+		return false
 	}
 	switch errdefs.KindOf(err) {
 	case errdefs.KindInvalid, errdefs.KindBadRequest, errdefs.KindTooLarge, errdefs.KindForbidden:
 		return false
 	}
 	return true
+}
+
+// breaksUsers reports whether a version was refused for the pipelines
+// running its function (pipedef.UsersError): it waits for its folder to
+// change or a load, as a refused bundle does, but what its label named
+// before serves on and stays current, since those pipelines run it.
+func breaksUsers(err error) bool {
+	var ue *pipedef.UsersError
+	return errors.As(err, &ue)
 }
 
 // refused is a version folder the repository refuses as it is (its

@@ -17,6 +17,7 @@ import (
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/pipedef"
 )
 
 // isPipeline reports whether dir's manifest is a pipeline's.
@@ -123,6 +124,14 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, v *version, re
 		return v.ID, false, nil
 	}
 	fi, err := r.node.DeployLabeled(ctx, m.name, label, aside, bytes.NewReader(b))
+	var ue *pipedef.UsersError
+	if errors.As(err, &ue) {
+		// The engine's advice (deploy with force) is not the repository's
+		// to follow: the pipelines named change first, then a load (or the
+		// folder changing) deploys it. Not tried at every scan meanwhile:
+		// each try packs and uploads the version again to be refused.
+		return "", true, errdefs.New(errdefs.KindConflict, ue, "%s: %v: redeploy or remove the pipelines named first, then load %s again", where, ue, m.name)
+	}
 	if err != nil {
 		// Not the bytes the label names: those returned above.
 		return "", true, fmt.Errorf("%s: %w", where, err)

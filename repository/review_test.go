@@ -14,6 +14,7 @@ import (
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/pipedef"
 )
 
 // flakyNode fails its first fails deploys with err.
@@ -58,6 +59,7 @@ func TestRetryDeploy(t *testing.T) {
 		{"missing step", errdefs.New(errdefs.KindInvalid, &errdefs.NoFunction{Name: "pre"}, "pipeline: step not deployed"), true},
 		{"invalid", errdefs.New(errdefs.KindInvalid, nil, "bad chain"), false},
 		{"too large", errdefs.New(errdefs.KindTooLarge, nil, "too large"), false},
+		{"breaks its users", errdefs.New(errdefs.KindConflict, &pipedef.UsersError{Function: "cnn", Users: []string{"outer"}, Reasons: []string{"too deep"}}, "deploy cnn"), false},
 	} {
 		t.Run(c.what, func(t *testing.T) {
 			root := filepath.Join(t.TempDir(), "models")
