@@ -72,36 +72,42 @@ func checkSteps(reg registry.Registry, name string, steps []abi.Step) error {
 
 // checkDirect is, for a deploy straight to the store, what a default
 // server checks at deploy beyond checkDir: a pipeline's steps
-// (checkSteps) and, unless force, the pipelines running it
-// (pipedef.CheckUsers), and a host function's max_host_memory_mb against its
+// (checkSteps) and the pipelines running it (pipedef.CheckUsers; with
+// force, what would fail comes back as warnings), and a host function's max_host_memory_mb against its
 // constants (loader.FitsHostMemory), which a server applies where its
 // workers enforce the field (the default) and no server sees here.
-func checkDirect(reg registry.Registry, dir string, m *abi.Manifest, force bool) error {
+func checkDirect(reg registry.Registry, dir string, m *abi.Manifest, force bool) (warnings []string, err error) {
 	if m.IsPipeline() {
-		if err := checkSteps(reg, m.Name, m.Steps); err != nil || force {
-			return err
+		if err := checkSteps(reg, m.Name, m.Steps); err != nil {
+			return nil, err
 		}
 		recs, err := reg.List(context.Background())
 		if err != nil {
-			return fmt.Errorf("deploy %s: listing the pipelines that may run it: %w", m.Name, err)
+			if force {
+				return []string{fmt.Sprintf("the pipelines that may run %s were not checked: %v", m.Name, err)}, nil
+			}
+			return nil, fmt.Errorf("deploy %s: listing the pipelines that may run it: %w", m.Name, err)
 		}
 		if err := pipedef.CheckUsers(context.Background(), recs, m.Name, m.Steps, "", false); err != nil {
-			return fmt.Errorf("deploy %s: %w: redeploy them first, or deploy with --force and let their requests fail", m.Name, err)
+			if force {
+				return []string{"deployed with force: " + err.Error()}, nil
+			}
+			return nil, fmt.Errorf("deploy %s: %w: redeploy them first, or deploy with --force and let their requests fail", m.Name, err)
 		}
-		return nil
+		return nil, nil
 	}
 	var size int64
 	if m.Constants != "" {
 		fi, err := os.Stat(filepath.Join(dir, m.Constants))
 		if err != nil {
-			return constantsError(dir, m, err)
+			return nil, constantsError(dir, m, err)
 		}
 		size = fi.Size()
 	}
 	if err := loader.FitsHostMemory(m, size, false); err != nil {
-		return fmt.Errorf("%s: %w", filepath.Join(dir, abi.ManifestFile), err)
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, abi.ManifestFile), err)
 	}
-	return nil
+	return nil, nil
 }
 
 func deployCmd() *command {
@@ -141,13 +147,15 @@ func deployCmd() *command {
 			}
 			body, done := withProgress(bytes.NewReader(b), int64(len(b)), "uploading "+m.Name, env)
 			var id string
+			var warnings []string
 			created := true
 			if ep.direct() {
 				reg, err := ep.registry()
 				if err != nil {
 					return err
 				}
-				if err := checkDirect(reg, dir, m, force); err != nil {
+				warnings, err = checkDirect(reg, dir, m, force)
+				if err != nil {
 					done()
 					return err
 				}
@@ -168,7 +176,10 @@ func deployCmd() *command {
 				if err != nil {
 					return err
 				}
-				id, created = fi.Version, !fi.Unchanged
+				id, created, warnings = fi.Version, !fi.Unchanged, fi.Warnings
+			}
+			for _, w := range warnings {
+				fmt.Fprintf(env.Stderr, "warning: %s\n", w)
 			}
 			if asJSON {
 				return printJSON(env.Stdout, map[string]any{"name": m.Name, "version": id, "sha256": sha, "bytes": len(b), "created": created})

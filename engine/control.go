@@ -58,8 +58,18 @@ func (c *Control) DeployLabeled(ctx context.Context, name, label string, aside b
 	return c.deploy(ctx, name, body, registry.PublishOptions{Label: label, Aside: aside})
 }
 
-func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o registry.PublishOptions) (api.FunctionInfo, error) {
+func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o registry.PublishOptions) (fi api.FunctionInfo, err error) {
 	e := c.e
+	// A deploy forced past the pipelines it breaks says so in its answer
+	// and the log: --force also deploys equal bytes again, and that one
+	// need not know of the pipelines.
+	var broken error
+	defer func() {
+		if err == nil && broken != nil {
+			fi.Warnings = append(fi.Warnings, "deployed with force: "+broken.Error())
+			e.cfg.Log.Warn("deployed with force past the pipelines running it", "function", name, "version", fi.Version, "pipelines", broken.Error())
+		}
+	}()
 	if !abi.ValidName(name) {
 		return api.FunctionInfo{}, errorf(errdefs.KindBadRequest, nil, "function name %s must match [a-z0-9][a-z0-9-]{0,62}", errdefs.QuoteName(name))
 	}
@@ -81,9 +91,15 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		if err := c.checkPipeline(ctx, name, m.Steps); err != nil {
 			return api.FunctionInfo{}, err
 		}
-		if !o.Force && (!o.Aside || o.Label != "") {
+		if !o.Aside || o.Label != "" {
 			if err := c.checkUsers(ctx, name, m.Steps, o.Label, o.Aside); err != nil {
-				return api.FunctionInfo{}, err
+				if !o.Force {
+					return api.FunctionInfo{}, err
+				}
+				var ue *pipedef.UsersError
+				if errors.As(err, &ue) {
+					broken = ue
+				}
 			}
 		}
 	}

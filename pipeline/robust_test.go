@@ -346,7 +346,10 @@ func TestALimitPassedSinceItsDeployIsTheServers(t *testing.T) {
 	if st, _, _, _ := apierr.Classify(err); st.HTTP != 409 || !strings.Contains(err.Error(), "pipeline outer runs inner") || !strings.Contains(err.Error(), "plover deploy --force") {
 		t.Fatalf("deploying inner past outer's limit: %v (HTTP %d), want 409 naming outer and --force", err, st.HTTP)
 	}
-	testkit.ForceDeploy(t, e, pipelineDir(t, "inner", fill(17, "f")...))
+	fi := testkit.ForceDeploy(t, e, pipelineDir(t, "inner", fill(17, "f")...))
+	if len(fi.Warnings) != 1 || !strings.Contains(fi.Warnings[0], "pipeline outer runs inner") {
+		t.Errorf("the forced deploy's warnings: %q, want one naming outer", fi.Warnings)
+	}
 	err = pipeline.New(e, nil).Invoke(context.Background(), "outer", &call.Request{Input: []byte{1}})
 	if st, _, _, _ := apierr.Classify(err); st.HTTP != 500 || !strings.Contains(err.Error(), "more than 256 functions") {
 		t.Errorf("outer past the limit: %v (HTTP %d), want 500 naming the limit", err, st.HTTP)

@@ -361,7 +361,18 @@ func TestDeployToTheStoreChecksThePipelinesRunningIt(t *testing.T) {
 	if out := run(t, bin, env, "versions", "inner"); strings.Count(out, "\n") > 2 {
 		t.Fatalf("a refused deploy made a version:\n%s", out)
 	}
-	run(t, bin, env, "deploy", more, "--force")
+	// Forced, the deploy lands and says which pipeline it breaks (--force
+	// also deploys equal bytes again: its user need not know of outer).
+	const warned = "warning: deployed with force: pipeline outer runs inner"
+	if out := run(t, bin, env, "deploy", more, "--force"); !strings.Contains(out, warned) {
+		t.Errorf("a forced deploy to the store past outer's limit said nothing of outer:\n%s", out)
+	}
+	srv := startServer(t, bin, "--store", strings.TrimPrefix(env[0], "PLOVER_STORE="))
+	served := []string{"PLOVER_SERVER=" + srv.url}
+	run(t, bin, served, "deploy", pipelineDir(t, "inner", steps(16, "f")...)) // outer within again
+	if out := run(t, bin, served, "deploy", more, "--force"); !strings.Contains(out, warned) {
+		t.Errorf("a forced deploy through a server past outer's limit said nothing of outer:\n%s", out)
+	}
 }
 
 // TestDigitsPipelineServed: the digits sample (normalize on the host, the
