@@ -27,7 +27,7 @@ func (r *Runner) Admit(ctx context.Context, name string, deadline time.Time) (Ad
 		a.MaxInput, err = p.top.MaxInput(), p.top.Full()
 	} else {
 		a.MaxInput, a.Step = p.InputBound()
-		err = firstFull(p.plan.name, p.plan.stages[0])
+		err = r.firstFull(p.plan.name, p.plan.stages[0])
 	}
 	return a, err
 }
@@ -74,16 +74,19 @@ func firstMaxInput(st *stage) (int64, *stage) {
 }
 
 // firstFull is the refusal a first stage's queue would give now, if any,
-// naming the step as Invoke's would.
-func firstFull(pipeline string, st stage) error {
+// naming the step and counted as its error, as Invoke's would be: a
+// request's step errors do not depend on whether its body was small
+// enough to reach Invoke.
+func (r *Runner) firstFull(pipeline string, st stage) error {
 	if st.par == nil {
 		if err := st.pin.Full(); err != nil {
+			r.met.observe(pipeline, st.index, st.label, 0, err)
 			return stepError(pipeline, st.index, st.label, err)
 		}
 		return nil
 	}
 	for _, br := range st.par {
-		if err := firstFull(pipeline, br[0]); err != nil {
+		if err := r.firstFull(pipeline, br[0]); err != nil {
 			return err
 		}
 	}

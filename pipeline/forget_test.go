@@ -52,8 +52,9 @@ func stepSeries(t *testing.T, reg *prometheus.Registry) []string {
 // A pipeline's step series are its current steps': a redeploy with other
 // steps drops the old ones' (so does one of a pipeline it nests), and a
 // delete drops the pipeline's, and in other pipelines those of the steps
-// that ran the deleted function or nested pipeline. They used to stay for
-// the process's life.
+// that ran the deleted function or nested pipeline; a function that
+// becomes a pipeline (or back) drops the steps' series of its old kind.
+// They used to stay for the process's life.
 func TestStepSeriesFollowTheirPipelines(t *testing.T) {
 	ctx := context.Background()
 	e := testkit.Engine(t, engine.Config{})
@@ -91,6 +92,15 @@ func TestStepSeriesFollowTheirPipelines(t *testing.T) {
 		{"a deleted", func() { del("a") }, []string{"outer/0/inner/b/500", "p/0/b/500"}},
 		{"p deleted", func() { del("p") }, []string{"outer/0/inner/b/500"}},
 		{"inner deleted", func() { del("inner") }, nil},
+		{"q running function x ran", func() {
+			testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("x"), nil))
+			deploy("q", "x")
+			invoke("q")
+		}, []string{"q/0/x"}},
+		// x's step series as a function went with its kind: it was kept
+		// beside the nested one's until x was deleted.
+		{"x redeployed as a pipeline", func() { deploy("x", "b"); invoke("q") }, []string{"q/0/x/b/500"}},
+		{"x a function again", func() { testkit.ForceDeploy(t, e, testkit.BundleDir(t, testkit.Manifest("x"), nil)); invoke("q") }, []string{"q/0/x"}},
 	} {
 		step.do()
 		if got := stepSeries(t, reg); !slices.Equal(got, step.want) {

@@ -1,6 +1,8 @@
 package pipeline
 
 import (
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -177,14 +179,14 @@ func (m *metrics) observe(pipeline string, index int, function string, d time.Du
 	step := stepNames[index]
 	if err != nil {
 		code := apierr.Of(errdefs.KindOf(err)).HTTP
-		if c := stepSeries(s, s.errors, stepKey{index, function, code}, func() prometheus.Counter {
+		if c := stepSeries(m, s, s.errors, stepKey{index, function, code}, func() prometheus.Counter {
 			return m.errors.WithLabelValues(s.label, step, function, strconv.Itoa(code))
 		}); c != nil {
 			c.Inc()
 		}
 		return
 	}
-	if o := stepSeries(s, s.seconds, stepKey{index, function, 0}, func() prometheus.Observer {
+	if o := stepSeries(m, s, s.seconds, stepKey{index, function, 0}, func() prometheus.Observer {
 		return m.seconds.WithLabelValues(s.label, step, function)
 	}); o != nil {
 		o.Observe(d.Seconds())
@@ -193,7 +195,7 @@ func (m *metrics) observe(pipeline string, index int, function string, d time.Du
 
 // stepSeries is series[k] of s, made by mk the first time; nil once s is
 // forgotten.
-func stepSeries[V comparable](s *steps, series map[stepKey]V, k stepKey, mk func() V) V {
+func stepSeries[V comparable](m *metrics, s *steps, series map[stepKey]V, k stepKey, mk func() V) V {
 	s.mu.RLock()
 	v := series[k]
 	s.mu.RUnlock()
@@ -204,11 +206,29 @@ func stepSeries[V comparable](s *steps, series map[stepKey]V, k stepKey, mk func
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if v = series[k]; v == none && !s.gone {
+		m.dropOtherKind(s, k)
 		v = mk()
 		series[k] = v
 		s.index(k)
 	}
 	return v
+}
+
+// dropOtherKind drops s's series that take a name k mentions for the
+// other kind: "x" as a function where k runs through pipeline x
+// ("x/cnn"), or the other way. A name's kind changes only by a deploy,
+// whose Met drops the nested kind's series but not a function's, which
+// are a step's across its versions. Called with s.mu held.
+func (m *metrics) dropOtherKind(s *steps, k stepKey) {
+	mentions(k.function, func(mn mention) {
+		other := s.byName[mention{mn.name, !mn.last}]
+		if len(other) == 0 {
+			return
+		}
+		for _, o := range slices.Collect(maps.Keys(other)) {
+			m.drop(s, o)
+		}
+	})
 }
 
 // clear deletes all of s's series. Called with s.mu held.

@@ -23,8 +23,8 @@ func TestStepSeriesStayBounded(t *testing.T) {
 	m.observe("p", 0, "a", 1, nil)
 	s := m.tab.Take(call.NameOf("p")) // a step's lookup, before the delete
 	r.Forget("p")
-	stepSeries(s, s.seconds, stepKey{1, "b", 0}, func() prometheus.Observer { return m.seconds.WithLabelValues("p", "1", "b") })
-	stepSeries(s, s.errors, stepKey{1, "b", 500}, func() prometheus.Counter { return m.errors.WithLabelValues("p", "1", "b", "500") })
+	stepSeries(m, s, s.seconds, stepKey{1, "b", 0}, func() prometheus.Observer { return m.seconds.WithLabelValues("p", "1", "b") })
+	stepSeries(m, s, s.errors, stepKey{1, "b", 500}, func() prometheus.Counter { return m.errors.WithLabelValues("p", "1", "b", "500") })
 	if n := testutil.CollectAndCount(m.seconds) + testutil.CollectAndCount(m.errors); n != 0 {
 		t.Fatalf("%d series after p was forgotten, want none", n)
 	}
