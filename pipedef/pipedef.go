@@ -220,10 +220,12 @@ func (e *UsersError) Error() string {
 const maxUsersSaid = 5
 
 // CheckUsers checks, against recs (every record in the store), the
-// pipelines that run name (UsersOf) as if steps were name's current
-// version: a pipeline whose check passes now and would fail then (more
+// pipeline versions requests reach by a name (served: each current one,
+// and the newest with each label) that run name, as if steps were name's
+// current version: one whose check passes now and would fail then (more
 // functions per request than MaxFunctions, nesting past MaxDepth, a
-// cycle) is a *UsersError. A pipeline already failing its check (a step
+// cycle) is a *UsersError, named "outer" or, not current, "outer
+// (version 1)". A pipeline already failing its check (a step
 // deleted with force) is left out: this deploy does not break it. Tokens
 // are not asked: what the pipelines run was allowed to their deployers.
 //
@@ -250,24 +252,54 @@ func CheckUsers(ctx context.Context, recs []*api.Record, name string, steps []ab
 	for _, r := range after {
 		all = append(all, r)
 	}
+	slices.SortFunc(all, func(a, b *api.Record) int { return strings.Compare(a.Name, b.Name) })
+	walk := users{recs: after, name: name, seen: map[string]walked{}}
 	e := &UsersError{Function: name}
-	for _, u := range UsersOf(all, name) {
-		v, err := before[u].CurrentVersion()
-		if err != nil {
+	for _, r := range all {
+		if r.Name == name || before[r.Name] == nil {
 			continue
 		}
-		if checkIn(ctx, before, u, v.Steps) != nil {
-			continue
-		}
-		if err := checkIn(ctx, after, u, v.Steps); err != nil {
-			e.Users = append(e.Users, u)
-			e.Reasons = append(e.Reasons, err.Error())
+		for _, v := range served(before[r.Name]) {
+			if v.Kind != abi.KindPipeline || !walk.runs(v.Steps, MaxDepth) || checkIn(ctx, before, r.Name, v.Steps) != nil {
+				continue
+			}
+			if err := checkIn(ctx, after, r.Name, v.Steps); err != nil {
+				who := r.Name
+				if v.ID != r.Current {
+					who += " (version " + v.Label + ")"
+				}
+				e.Users = append(e.Users, who)
+				e.Reasons = append(e.Reasons, err.Error())
+			}
 		}
 	}
 	if len(e.Users) == 0 {
 		return nil
 	}
 	return e
+}
+
+// served is the versions of r that requests reach by a name: its current
+// one, and the newest with each label (a model repository's version
+// folder, served by its number) besides. Older ones, reached by their id
+// alone, are rollback targets, which are not checked either.
+func served(r *api.Record) []api.Version {
+	var out []api.Version
+	if v, err := r.CurrentVersion(); err == nil {
+		out = append(out, v)
+	}
+	labels := map[string]bool{}
+	for i := len(r.Versions) - 1; i >= 0; i-- {
+		v := r.Versions[i]
+		if v.Label == "" || labels[v.Label] {
+			continue
+		}
+		labels[v.Label] = true
+		if v.ID != r.Current {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 var errNoRecord = errors.New("no record")

@@ -276,6 +276,39 @@ func TestCheckUsersFollowsALabel(t *testing.T) {
 	}
 }
 
+// A pipeline's version that is not current but served by its label (a
+// model repository's version folder, /v2/models/outer/versions/1) is
+// checked as the current one is: outer/1 runs 16 x inner, and inner with
+// 17 steps would take it to 272. It was left out (only current versions
+// were), and its requests failed 500 from the deploy on. A version reached
+// by its id alone (a rollback target) is not checked.
+func TestCheckUsersSeesLabelledVersions(t *testing.T) {
+	sixteen := make([]abi.Step, 16)
+	for i := range sixteen {
+		sixteen[i] = s("inner")
+	}
+	seventeen := make([]abi.Step, 17)
+	for i := range seventeen {
+		seventeen[i] = s("f")
+	}
+	for _, tc := range []struct {
+		label string
+		users []string
+	}{
+		{"1", []string{"outer (version 1)"}},
+		{"", nil},
+	} {
+		outer := pipe("outer", s("inner"))
+		outer.Versions = append([]api.Version{{ID: "33333333-one", Label: tc.label, Kind: abi.KindPipeline, Steps: sixteen}}, outer.Versions...)
+		recs := []*api.Record{fn("f"), pipe("inner", seventeen[:16]...), outer} // inner: 16 x f
+		err := CheckUsers(context.Background(), recs, "inner", seventeen, "", false)
+		var ue *UsersError
+		if errors.As(err, &ue) != (tc.users != nil) || ue != nil && fmt.Sprint(ue.Users) != fmt.Sprint(tc.users) {
+			t.Errorf("outer's older version labelled %q: %v, want users %v", tc.label, err, tc.users)
+		}
+	}
+}
+
 // A UsersError names at most maxUsersSaid pipelines with their reasons,
 // and counts the rest.
 func TestUsersErrorIsBounded(t *testing.T) {
