@@ -92,7 +92,7 @@ func checkDirect(reg registry.Registry, dir string, m *abi.Manifest, force bool)
 			if force {
 				return []string{"deployed with force: " + err.Error()}, nil
 			}
-			return nil, fmt.Errorf("deploy %s: %w: redeploy them first, or deploy with --force and let their requests fail", m.Name, err)
+			return nil, fmt.Errorf("deploy %s: %w: redeploy the pipelines named first, or deploy with --force and let their requests fail", m.Name, err)
 		}
 		return nil, nil
 	}

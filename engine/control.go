@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
@@ -338,7 +337,7 @@ func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 			return unavailable(err, "delete %s: listing the pipelines that may use it: store unavailable", name)
 		}
 		if users := pipedef.UsersOf(recs, name); len(users) > 0 {
-			return errorf(errdefs.KindConflict, nil, "function %s is a step of %s %s: delete or redeploy %s first, or delete with force (plover rm --force) and let their requests fail at that step", name, plural(len(users), "pipeline", "pipelines"), strings.Join(users, ", "), plural(len(users), "it", "them"))
+			return errorf(errdefs.KindConflict, nil, "function %s is a step of %s %s: delete or redeploy %s first, or delete with force (plover rm --force) and let their requests fail at that step", name, plural(len(users), "pipeline", "pipelines"), pipedef.Say(users), plural(len(users), "it", "them"))
 		}
 	}
 	at := e.tab.at() // before the store changes: see land

@@ -209,9 +209,25 @@ func (e *UsersError) Error() string {
 		fmt.Fprintf(&b, "pipeline %s runs %s, and with this version its requests would fail: %s", u, e.Function, e.Reasons[i])
 	}
 	if more := len(e.Users) - maxUsersSaid; more > 0 {
-		fmt.Fprintf(&b, "; and %d more pipelines", more)
+		fmt.Fprintf(&b, "; and %s", morePipelines(more))
 	}
 	return b.String()
+}
+
+// Say is pipelines named for a message: at most maxUsersSaid of them,
+// and how many more.
+func Say(pipelines []string) string {
+	if len(pipelines) <= maxUsersSaid {
+		return strings.Join(pipelines, ", ")
+	}
+	return strings.Join(pipelines[:maxUsersSaid], ", ") + " and " + morePipelines(len(pipelines)-maxUsersSaid)
+}
+
+func morePipelines(n int) string {
+	if n == 1 {
+		return "1 more pipeline"
+	}
+	return fmt.Sprintf("%d more pipelines", n)
 }
 
 // maxUsersSaid bounds the pipelines a UsersError's text names with their

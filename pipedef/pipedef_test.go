@@ -321,4 +321,12 @@ func TestUsersErrorIsBounded(t *testing.T) {
 	if strings.Count(msg, "too many") != maxUsersSaid || !strings.HasSuffix(msg, "; and 3 more pipelines") {
 		t.Errorf("error %q", msg)
 	}
+	for _, tc := range []struct {
+		n    int
+		want string
+	}{{1, "p0"}, {5, "p0, p1, p2, p3, p4"}, {6, "p0, p1, p2, p3, p4 and 1 more pipeline"}, {8, "p0, p1, p2, p3, p4 and 3 more pipelines"}} {
+		if got := Say(e.Users[:tc.n]); got != tc.want {
+			t.Errorf("Say(%d pipelines) = %q, want %q", tc.n, got, tc.want)
+		}
+	}
 }

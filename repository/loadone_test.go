@@ -185,7 +185,13 @@ func TestALoadWaitingToSettleHoldsNobody(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("vec's load waited for cnn's folder to settle")
 	}
-	r.Scan(context.Background()) // a scan too
+	scanned := make(chan struct{}) // a scan too
+	go func() { r.Scan(context.Background()); close(scanned) }()
+	select {
+	case <-scanned:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a scan waited for cnn's folder to settle")
+	}
 	cancel()
 	if err := <-cnn; errdefs.KindOf(err) != errdefs.KindGone || node.current("cnn") != "" {
 		t.Errorf("cnn's load, its client gone while it waited: %v, current %q", err, node.current("cnn"))
