@@ -211,8 +211,8 @@ func (t *turnConn) Write(p []byte) (int, error) {
 		return t.Conn.Write(p)
 	}
 	n := 0
-	for n < len(p) {
-		if err := ioshare.WaitWritable(t.Conn); err != nil {
+	for stalled := false; n < len(p); {
+		if err := ioshare.WaitWritableAfter(t.Conn, stalled); err != nil {
 			return n, err
 		}
 		m, err := t.writePiece(fl, p[n:])
@@ -220,6 +220,7 @@ func (t *turnConn) Write(p []byte) (int, error) {
 		if err != nil {
 			return n, err
 		}
+		stalled = m == 0
 	}
 	return n, nil
 }

@@ -197,14 +197,7 @@ func (ab *answerBody) write(w io.Writer) (int64, error) {
 	var total int64
 	for stalled := false; len(ab.b) > 0; {
 		if raw {
-			if stalled {
-				// The socket said it had room and took nothing (the
-				// kernel's TCP memory short, say): a moment's pause,
-				// holding no turn, rather than a turn a pass until the
-				// write timeout.
-				time.Sleep(time.Millisecond)
-			}
-			if err := ioshare.WaitWritable(ab.conn); err != nil {
+			if err := ioshare.WaitWritableAfter(ab.conn, stalled); err != nil {
 				return total, err
 			}
 		}

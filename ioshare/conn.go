@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"net"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -74,6 +75,21 @@ func WaitWritable(conn net.Conn) error {
 		}
 	})
 }
+
+// WaitWritableAfter is WaitWritable for a writer whose last write of a
+// piece took nothing (stalled) although the socket said it had room (the
+// kernel's TCP memory short, say): it pauses a moment first, holding no
+// turn, where a writer would otherwise take a turn a pass, and be charged
+// for it, until the pressure ends.
+func WaitWritableAfter(conn net.Conn, stalled bool) error {
+	if stalled {
+		time.Sleep(stallPause)
+	}
+	return WaitWritable(conn)
+}
+
+// stallPause is WaitWritableAfter's pause.
+const stallPause = time.Millisecond
 
 // WriteSome writes what conn's socket takes of p now, without waiting: n
 // may be 0 (no room) with no error. Only for a Waitable conn.
