@@ -418,6 +418,9 @@ func (s *Server) ServerMetadata(context.Context, *pb.ServerMetadataRequest) (*pb
 // whose load failed for good, nor one backing off), and the devices are
 // healthy.
 func (s *Server) ModelReady(ctx context.Context, req *pb.ModelReadyRequest) (*pb.ModelReadyResponse, error) {
+	if err := refusal(ctx); err != nil {
+		return nil, s.statusOf(ctx, err, "ModelReady")
+	}
 	// Not cut by the call's end: a client past its deadline resets the
 	// stream a little before it, which must read as the deadline's 504.
 	pin, _, err := s.pin(context.WithoutCancel(ctx), req.GetName(), req.GetVersion(), s.deadline(ctx))
@@ -438,6 +441,9 @@ func (s *Server) ModelReady(ctx context.Context, req *pb.ModelReadyRequest) (*pb
 
 // ModelMetadata is a model's current version and tensors.
 func (s *Server) ModelMetadata(ctx context.Context, req *pb.ModelMetadataRequest) (*pb.ModelMetadataResponse, error) {
+	if err := refusal(ctx); err != nil {
+		return nil, s.statusOf(ctx, err, "ModelMetadata")
+	}
 	pin, ts, err := s.pin(context.WithoutCancel(ctx), req.GetName(), req.GetVersion(), s.deadline(ctx)) // as ModelReady
 	if err != nil {
 		return nil, s.statusOf(ctx, oip.MetadataError(req.GetName(), err), "ModelMetadata")

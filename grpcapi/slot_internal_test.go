@@ -53,7 +53,7 @@ func TestRawInputsStayInTheMessage(t *testing.T) {
 			}
 			var got pb.ModelInferRequest
 			if !c.decodeInfer(tc.wire, &got, true) {
-				t.Fatalf("refused: %v", c.s.refused.take(&got))
+				t.Fatalf("refused: %v", takeRefusalOf(&c.s.refused, &got))
 			}
 			if !proto.Equal(&got, &want) {
 				t.Fatalf("decoded %v, proto decodes %v", &got, &want)
@@ -94,7 +94,7 @@ func TestRawInputsStayInTheirBuffers(t *testing.T) {
 	for _, cut := range []int{1, 2, 3, 7, 1000, 16 << 10} {
 		t.Run(fmt.Sprintf("cut every %d bytes", cut), func(t *testing.T) {
 			call := new(inferCall)
-			if err := c.Unmarshal(cutInto(wire, cut), call); err != nil || c.s.refused.take(&call.req) != nil {
+			if err := c.Unmarshal(cutInto(wire, cut), call); err != nil || takeRefusalOf(&c.s.refused, &call.req) != nil {
 				t.Fatalf("refused: %v", err)
 			}
 			defer call.inputsDone()
@@ -135,7 +135,7 @@ func TestRawInputsStayInTheirBuffers(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer call.inputsDone()
-			if err := c.s.refused.take(&call.req); (err != nil) != tc.refused || call.io.pieces != nil {
+			if err := takeRefusalOf(&c.s.refused, &call.req); (err != nil) != tc.refused || call.io.pieces != nil {
 				t.Fatalf("refused: %v, want %v; pieces kept %v", err, tc.refused, call.io.pieces != nil)
 			}
 			if !tc.refused && len(call.req.RawInputContents) != len(want.RawInputContents) {

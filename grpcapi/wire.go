@@ -59,8 +59,27 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 		return c.unmarshalCall(data, m)
 	case *pb.ModelInferRequest:
 		return c.unmarshalInfer(data, m)
+	case *pb.ModelReadyRequest:
+		return unmarshalOrRefuse(c, data, m, "ModelReadyRequest")
+	case *pb.ModelMetadataRequest:
+		return unmarshalOrRefuse(c, data, m, "ModelMetadataRequest")
 	}
 	return c.base.Unmarshal(data, v)
+}
+
+// unmarshalOrRefuse decodes a request message, or leaves its refusal
+// (InvalidArgument naming the message and what is wrong) for its handler:
+// an error here is gRPC-Go's Internal, a server's fault, for a client's
+// malformed bytes.
+func unmarshalOrRefuse[T any, P interface {
+	*T
+	proto.Message
+}](c codec, data mem.BufferSlice, m P, what string) error {
+	if err := c.base.Unmarshal(data, m); err != nil {
+		proto.Reset(m)
+		putRefusal(&c.s.refused, (*T)(m), badRequest("the request message is not a valid %s: %v", what, err))
+	}
+	return nil
 }
 
 // unmarshalInfer decodes a ModelInferRequest within the bounds above, its
@@ -95,7 +114,7 @@ func (c codec) decodeInfer(b []byte, req *pb.ModelInferRequest, alias bool) bool
 		proto.Reset(req)
 	}
 	decodeHead(b, req)
-	c.s.refused.put(req, err)
+	putRefusal(&c.s.refused, req, err)
 	return false
 }
 
@@ -137,21 +156,22 @@ func splitRaw(b []byte) (head []byte, raw [][]byte) {
 // goes when the request does.
 type refusals struct {
 	n atomic.Int64 // entries: a call looks only while there are some
-	m sync.Map     // weak.Pointer[pb.ModelInferRequest] -> error
+	m sync.Map     // weak.Pointer[T] of a request message -> error
 }
 
-func (r *refusals) put(req *pb.ModelInferRequest, err error) {
+// putRefusal notes err as the codec's refusal of req.
+func putRefusal[T any](r *refusals, req *T, err error) {
 	k := weak.Make(req)
 	// gRPC decodes a unary call's second message into its first's
 	// request (to refuse the call): one entry, one cleanup.
 	if _, again := r.m.Swap(k, err); !again {
 		r.n.Add(1)
-		runtime.AddCleanup(req, r.drop, k)
+		runtime.AddCleanup(req, r.drop, any(k))
 	}
 }
 
-// take removes req's refusal and returns it, or nil.
-func (r *refusals) take(req *pb.ModelInferRequest) error {
+// takeRefusalOf removes req's refusal and returns it, or nil.
+func takeRefusalOf[T any](r *refusals, req *T) error {
 	if r.n.Load() == 0 {
 		return nil
 	}
@@ -162,7 +182,7 @@ func (r *refusals) take(req *pb.ModelInferRequest) error {
 	return nil
 }
 
-func (r *refusals) drop(k weak.Pointer[pb.ModelInferRequest]) {
+func (r *refusals) drop(k any) {
 	if _, ok := r.m.LoadAndDelete(k); ok {
 		r.n.Add(-1)
 	}
@@ -173,11 +193,16 @@ type refusedKey struct{}
 // takeRefusal moves req's refusal, if the codec left one, into the
 // call's context for the handler to answer with.
 func (s *Server) takeRefusal(ctx context.Context, req any) context.Context {
-	r, ok := req.(*pb.ModelInferRequest)
-	if !ok {
-		return ctx
+	var err error
+	switch r := req.(type) {
+	case *pb.ModelInferRequest:
+		err = takeRefusalOf(&s.refused, r)
+	case *pb.ModelReadyRequest:
+		err = takeRefusalOf(&s.refused, r)
+	case *pb.ModelMetadataRequest:
+		err = takeRefusalOf(&s.refused, r)
 	}
-	if err := s.refused.take(r); err != nil {
+	if err != nil {
 		return context.WithValue(ctx, refusedKey{}, err)
 	}
 	return ctx

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 
+	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/grpcapi"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 )
@@ -133,5 +134,33 @@ func TestMalformedRequestsAreInvalidArguments(t *testing.T) {
 				t.Fatalf("%v, want InvalidArgument: not a valid ModelInferRequest", err)
 			}
 		})
+	}
+}
+
+// A malformed ModelReady or ModelMetadata message is the client's fault,
+// InvalidArgument naming the message, as ModelInfer's is: gRPC-Go answers
+// a codec's error Internal, a server's fault that an operator's alerts
+// watch. The token is still asked first.
+func TestMalformedMetadataCallsAreInvalidArgument(t *testing.T) {
+	f := serve(t, table{"reader": {Name: "reader", Scopes: auth.Read, Functions: []string{"*"}}})
+	badUTF8 := []byte{0x0a, 0x02, 0xff, 0xfe} // name: not UTF-8
+	cut := []byte{0x0a, 0x05, 'a'}            // name: 5 bytes said, 1 sent
+	for _, tc := range []struct {
+		method, what string
+		msg          []byte
+	}{
+		{pb.GRPCInferenceService_ModelReady_FullMethodName, "ModelReadyRequest", badUTF8},
+		{pb.GRPCInferenceService_ModelReady_FullMethodName, "ModelReadyRequest", cut},
+		{pb.GRPCInferenceService_ModelMetadata_FullMethodName, "ModelMetadataRequest", badUTF8},
+		{pb.GRPCInferenceService_ModelMetadata_FullMethodName, "ModelMetadataRequest", cut},
+	} {
+		err := f.conn.Invoke(withToken(ctxT(t), "reader"), tc.method, tc.msg, new([]byte), grpc.ForceCodec(rawCodec{}))
+		if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "not a valid "+tc.what) {
+			t.Errorf("%s with % x: %v, want InvalidArgument naming %s", tc.method, tc.msg, err, tc.what)
+		}
+		err = f.conn.Invoke(ctxT(t), tc.method, tc.msg, new([]byte), grpc.ForceCodec(rawCodec{}))
+		if status.Code(err) != codes.Unauthenticated {
+			t.Errorf("%s with % x and no token: %v, want Unauthenticated", tc.method, tc.msg, err)
+		}
 	}
 }
