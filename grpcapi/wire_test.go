@@ -142,7 +142,8 @@ func TestMalformedRequestsAreInvalidArguments(t *testing.T) {
 // a codec's error Internal, a server's fault that an operator's alerts
 // watch. The token is still asked first.
 func TestMalformedMetadataCallsAreInvalidArgument(t *testing.T) {
-	f := serve(t, table{"reader": {Name: "reader", Scopes: auth.Read, Functions: []string{"*"}}})
+	f := serve(t, table{"reader": {Name: "reader", Scopes: auth.Read, Functions: []string{"*"}},
+		"cnn-reader": {Name: "cnn-reader", Scopes: auth.Read, Functions: []string{"cnn"}}})
 	badUTF8 := []byte{0x0a, 0x02, 0xff, 0xfe} // name: not UTF-8
 	cut := []byte{0x0a, 0x05, 'a'}            // name: 5 bytes said, 1 sent
 	for _, tc := range []struct {
@@ -154,11 +155,13 @@ func TestMalformedMetadataCallsAreInvalidArgument(t *testing.T) {
 		{pb.GRPCInferenceService_ModelMetadata_FullMethodName, "ModelMetadataRequest", badUTF8},
 		{pb.GRPCInferenceService_ModelMetadata_FullMethodName, "ModelMetadataRequest", cut},
 	} {
-		err := f.conn.Invoke(withToken(ctxT(t), "reader"), tc.method, tc.msg, new([]byte), grpc.ForceCodec(rawCodec{}))
-		if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "not a valid "+tc.what) {
-			t.Errorf("%s with % x: %v, want InvalidArgument naming %s", tc.method, tc.msg, err, tc.what)
+		for _, token := range []string{"reader", "cnn-reader"} { // a token of some functions: not a store-wide 403
+			err := f.conn.Invoke(withToken(ctxT(t), token), tc.method, tc.msg, new([]byte), grpc.ForceCodec(rawCodec{}))
+			if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "not a valid "+tc.what) {
+				t.Errorf("%s with % x, token %s: %v, want InvalidArgument naming %s", tc.method, tc.msg, token, err, tc.what)
+			}
 		}
-		err = f.conn.Invoke(ctxT(t), tc.method, tc.msg, new([]byte), grpc.ForceCodec(rawCodec{}))
+		err := f.conn.Invoke(ctxT(t), tc.method, tc.msg, new([]byte), grpc.ForceCodec(rawCodec{}))
 		if status.Code(err) != codes.Unauthenticated {
 			t.Errorf("%s with % x and no token: %v, want Unauthenticated", tc.method, tc.msg, err)
 		}
