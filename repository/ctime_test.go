@@ -2,6 +2,7 @@ package repository
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -42,5 +43,51 @@ func TestACopyKeepingItsTimesIsNotSettled(t *testing.T) {
 	}
 	if c := node.current("cnn"); c != "" {
 		t.Errorf("deployed version %q of a copy in progress", c)
+	}
+}
+
+// With status change times read (the server's way): a folder at rest
+// deploys once its files have been still for the settle time, and a change
+// of a file's mode alone (a chown -R loop, a hard-link backup) holds a scan
+// no longer than that and deploys nothing again: the folder's contents are
+// what was deployed.
+func TestAMetadataChangeDeploysNothingAgain(t *testing.T) {
+	statusTimes = true
+	defer func() { statusTimes = false }()
+	const settle = 50 * time.Millisecond
+	models := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
+	node := newFakeNode()
+	r, err := New(Config{Dir: models, Settle: settle}, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// scanFor scans until d has passed since from, and reports the
+	// deploys made.
+	scanFor := func(from time.Time, d time.Duration) int {
+		for time.Since(from) < d {
+			r.Scan(context.Background())
+			time.Sleep(settle / 5)
+		}
+		r.Scan(context.Background())
+		node.mu.Lock()
+		defer node.mu.Unlock()
+		return node.deploys
+	}
+	for end := time.Now().Add(10 * time.Second); node.current("cnn") == "" && time.Now().Before(end); {
+		scanFor(time.Now(), settle)
+	}
+	if n := scanFor(time.Now(), 0); n != 1 || node.current("cnn") == "" {
+		t.Fatalf("a folder at rest: %d deploys, current %q, want 1 (%s)", n, node.current("cnn"), index(r))
+	}
+	changed := time.Now()
+	if err := os.Chmod(filepath.Join(models, "cnn", "1", "b.bin"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if n := scanFor(changed, 4*settle); n != 1 {
+		t.Errorf("after a mode change alone: %d deploys, want 1", n)
+	}
+	if got := index(r); !strings.Contains(got, "READY") {
+		t.Errorf("index after a mode change alone: %s, want cnn READY", got)
 	}
 }
