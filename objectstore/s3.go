@@ -338,10 +338,10 @@ func (s *S3) wrap(op, key string, err error) error {
 // bucket then). A bucket check that fails for another reason (a 5xx, a
 // deadline) leaves the object's answer, not found, and is not remembered.
 func (s *S3) wrapHead(ctx context.Context, op, key string, err error) error {
-	if minio.ToErrorResponse(err).Code != "NoSuchKey" || s.bucketFresh() {
+	if minio.ToErrorResponse(err).Code != "NoSuchKey" {
 		return s.wrap(op, key, err)
 	}
-	ok, berr := s.client.BucketExists(ctx, s.bucket)
+	ok, berr := s.bucketThere(ctx)
 	switch {
 	case berr != nil:
 		what := s.what(op, key)
@@ -350,10 +350,27 @@ func (s *S3) wrapHead(ctx context.Context, op, key string, err error) error {
 		}
 		return fmt.Errorf("%s: %w (whether bucket %q is there could not be checked: %w)", what, ErrNotFound, s.bucket, berr)
 	case !ok:
-		return s.wrap(op, key, minio.ErrorResponse{StatusCode: 404, Code: "NoSuchBucket", Message: "The specified bucket does not exist", BucketName: s.bucket})
+		return s.noBucket(op, key)
 	}
-	s.sawBucket()
 	return s.wrap(op, key, err)
+}
+
+// bucketThere is whether the bucket is there: remembered for bucketTTL
+// from the last request that found it, asked (a HEAD on it) past that.
+func (s *S3) bucketThere(ctx context.Context) (bool, error) {
+	if s.bucketFresh() {
+		return true, nil
+	}
+	ok, err := s.client.BucketExists(ctx, s.bucket)
+	if err == nil && ok {
+		s.sawBucket()
+	}
+	return ok, err
+}
+
+// noBucket is op on key's error where the bucket is found gone.
+func (s *S3) noBucket(op, key string) error {
+	return s.wrap(op, key, minio.ErrorResponse{StatusCode: 404, Code: "NoSuchBucket", Message: "The specified bucket does not exist", BucketName: s.bucket})
 }
 
 // bucketFresh is whether a request found the bucket there within
@@ -616,6 +633,11 @@ func (s *S3) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifM
 			return e // a missing bucket is no lost race
 		}
 		if resp := minio.ToErrorResponse(err); ifMatch != "" && (resp.Code == "NoSuchKey" || resp.StatusCode == 404) {
+			// MinIO answers so for a bucket deleted a moment ago too
+			// (seen in CI): a missing bucket is no lost race.
+			if ok, berr := s.bucketThere(ctx); berr == nil && !ok {
+				return s.noBucket("put", key)
+			}
 			return fmt.Errorf("put %s: it no longer exists: %w", key, ErrPrecondition)
 		}
 		return s.wrap("put", key, err)
