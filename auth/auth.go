@@ -356,16 +356,18 @@ func CheckGrant(scopes Scope, functions []string) error {
 
 // checkHash reports whether sha is 64 lowercase hex characters.
 func checkHash(sha string) error {
+	// The value is never quoted: a token pasted where its hash goes would
+	// be written into the server's log (a SIGHUP's reload) in clear.
 	if len(sha) != 2*sha256.Size {
-		return fmt.Errorf("%q is %d characters, want 64 hex", sha, len(sha))
+		return fmt.Errorf("is %d characters, want 64 hex (the token's hash, never the token)", len(sha))
 	}
 	for i := 0; i < len(sha); i++ {
 		c := sha[i]
 		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
 			if 'A' <= c && c <= 'F' {
-				return fmt.Errorf("%q: want lowercase hex", sha)
+				return errors.New("has uppercase letters: want lowercase hex")
 			}
-			return fmt.Errorf("%q has %q: want lowercase hex", sha, c)
+			return fmt.Errorf("has a character that is not hex at position %d: want lowercase hex (the token's hash, never the token)", i+1)
 		}
 	}
 	if sha == emptyHash {
@@ -419,7 +421,9 @@ func Parse(r io.Reader, source string) (*Table, error) {
 		}
 		switch len(fields) {
 		case 1:
-			return nil, fail("missing SCOPES and SHA256 after NAME %q (want NAME SCOPES SHA256 [FUNCTIONS])", fields[0])
+			// Not quoted: a token appended to the file alone
+			// (plover token new >> FILE) would be logged in clear.
+			return nil, fail("one field alone, %d characters: missing SCOPES and SHA256 (want NAME SCOPES SHA256 [FUNCTIONS]; a token never goes in the file, its hash does)", len(fields[0]))
 		case 2:
 			return nil, fail("missing SHA256 after SCOPES (want NAME SCOPES SHA256 [FUNCTIONS])")
 		case 3, 4, 5:

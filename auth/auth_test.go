@@ -135,7 +135,7 @@ func TestParseErrors(t *testing.T) {
 	}{
 		{"empty", "", "f: no tokens"},
 		{"only comments", "# nothing\n\n   \n", "f: no tokens"},
-		{"one field", "ci\n", `f:1: missing SCOPES and SHA256 after NAME "ci"`},
+		{"one field", "ci\n", `f:1: one field alone, 2 characters: missing SCOPES and SHA256`},
 		{"two fields", "# c\nci read\n", "f:2: missing SHA256"},
 		{"five fields, bad limits", "ci read " + hA + " a b\n", `f:1: LIMITS: "b": want key=value`},
 		{"six fields", "ci read " + hA + " a rate=1 c\n", `f:1: extra field "c" after LIMITS`},
@@ -150,9 +150,9 @@ func TestParseErrors(t *testing.T) {
 		{"duplicate name", "ci read " + hA + "\nci read " + hB + "\n", `f:2: NAME: duplicate name "ci" (also on line 1)`},
 		{"unknown scope", "ci read,write " + hA + "\n", `f:1: SCOPES: unknown scope "write"`},
 		{"empty scope", "ci read,,invoke " + hA + "\n", `f:1: SCOPES: empty scope`},
-		{"short hash", "ci read abc\n", `f:1: SHA256: "abc" is 3 characters, want 64 hex`},
-		{"upper hash", "ci read " + strings.ToUpper(hA) + "\n", `f:1: SHA256: ` + `"` + strings.ToUpper(hA) + `": want lowercase hex`},
-		{"non-hex hash", "ci read " + strings.Repeat("g", 64) + "\n", `f:1: SHA256: "` + strings.Repeat("g", 64) + `" has 'g'`},
+		{"short hash", "ci read abc\n", `f:1: SHA256: is 3 characters, want 64 hex`},
+		{"upper hash", "ci read " + strings.ToUpper(hA) + "\n", `f:1: SHA256: has uppercase letters: want lowercase hex`},
+		{"non-hex hash", "ci read " + strings.Repeat("g", 64) + "\n", `f:1: SHA256: has a character that is not hex at position 1`},
 		{"duplicate hash", "ci read " + hA + "\n\nops admin " + hA + "\n", "f:3: SHA256: duplicate hash (the same token as line 1)"},
 		{"the empty token's hash", "ci read e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\n", "f:1: SHA256: the hash of the empty token"},
 		{"bad glob", "ci invoke " + hA + " cnn,vec[\n", `f:1: FUNCTIONS: glob "vec["`},
@@ -506,5 +506,25 @@ func TestShellNegationGlobRefused(t *testing.T) {
 	p := &auth.Principal{Name: "ci", Scopes: auth.Invoke, Functions: []string{"[^a]*"}}
 	if p.Covers("alpha") || !p.Covers("beta") {
 		t.Errorf(`[^a]* covers alpha %v, beta %v; want only beta`, p.Covers("alpha"), p.Covers("beta"))
+	}
+}
+
+// An auth file line holding a token (appended alone, or pasted where its
+// hash goes) is refused without quoting it: the refusal is logged at a
+// SIGHUP's reload, and the token would leave the host with the logs.
+func TestAuthFileErrorsQuoteNoToken(t *testing.T) {
+	tok, err := auth.NewToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range []string{
+		"ops admin " + auth.Hash("x") + "\n" + tok + "\n",
+		"ci invoke " + tok + "\n",
+		"ci invoke " + strings.ToUpper(auth.Hash("x")) + "\n",
+	} {
+		_, err := auth.Parse(strings.NewReader(file), "auth")
+		if err == nil || strings.Contains(err.Error(), tok) || strings.Contains(err.Error(), strings.ToUpper(auth.Hash("x"))) {
+			t.Errorf("auth file %q: %v, want a refusal quoting no token or hash-column value", file, err)
+		}
 	}
 }
