@@ -84,15 +84,18 @@ func checkDirect(reg registry.Registry, dir string, m *abi.Manifest, force bool)
 		recs, err := reg.List(context.Background())
 		if err != nil {
 			if force {
-				return []string{fmt.Sprintf("the pipelines that may run %s were not checked: %v", m.Name, err)}, nil
+				return []string{fmt.Sprintf("deploy %s: the pipelines that may run it were not checked: %v", m.Name, err)}, nil
 			}
-			return nil, fmt.Errorf("deploy %s: listing the pipelines that may run it: %w", m.Name, err)
+			return nil, fmt.Errorf("deploy %s: the pipelines that may run it were not checked: %w", m.Name, err)
 		}
-		if err := pipedef.CheckUsers(context.Background(), recs, m.Name, m.Steps, "", false); err != nil {
+		var ue *pipedef.UsersError
+		if err := pipedef.CheckUsers(context.Background(), recs, m.Name, m.Steps, "", false); errors.As(err, &ue) {
 			if force {
-				return []string{"deployed with force: " + err.Error()}, nil
+				return []string{ue.Forced()}, nil
 			}
 			return nil, fmt.Errorf("deploy %s: %w: redeploy the pipelines named first, or deploy with --force and let their requests fail", m.Name, err)
+		} else if err != nil {
+			return nil, fmt.Errorf("deploy %s: %w", m.Name, err)
 		}
 		return nil, nil
 	}

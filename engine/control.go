@@ -59,14 +59,15 @@ func (c *Control) DeployLabeled(ctx context.Context, name, label string, aside b
 
 func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o registry.PublishOptions) (fi api.FunctionInfo, err error) {
 	e := c.e
-	// A deploy forced past the pipelines it breaks says so in its answer
-	// and the log: --force also deploys equal bytes again, and that one
-	// need not know of the pipelines.
-	var broken error
+	// A deploy forced past the pipelines it breaks, or past their check
+	// when the store could not list them, says so in its answer and the
+	// log: --force also deploys equal bytes again, and that one need not
+	// know of the pipelines.
+	var warning string
 	defer func() {
-		if err == nil && broken != nil {
-			fi.Warnings = append(fi.Warnings, "deployed with force: "+broken.Error())
-			e.cfg.Log.Warn("deployed with force past the pipelines running it", "function", name, "version", fi.Version, "pipelines", broken.Error())
+		if err == nil && warning != "" {
+			fi.Warnings = append(fi.Warnings, warning)
+			e.cfg.Log.Warn("deployed with force past the pipelines running it", "function", name, "version", fi.Version, "warning", warning)
 		}
 	}()
 	if !abi.ValidName(name) {
@@ -95,10 +96,7 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 				if !o.Force {
 					return api.FunctionInfo{}, err
 				}
-				var ue *pipedef.UsersError
-				if errors.As(err, &ue) {
-					broken = ue
-				}
+				warning = forcedPast(err)
 			}
 		}
 	}
@@ -317,13 +315,29 @@ func (c *Control) checkPipeline(ctx context.Context, name string, steps []abi.St
 func (c *Control) checkUsers(ctx context.Context, name string, steps []abi.Step, label string, aside bool) error {
 	recs, err := c.e.tab.reg.List(ctx)
 	if err != nil {
-		return unavailable(err, "deploy %s: listing the pipelines that may run it: store unavailable", name)
+		return unavailable(err, "deploy %s: the pipelines that may run it were not checked: store unavailable", name)
 	}
 	var ue *pipedef.UsersError
 	if err := pipedef.CheckUsers(ctx, recs, name, steps, label, aside); errors.As(err, &ue) {
 		return errorf(errdefs.KindConflict, err, "deploy %s: %s: redeploy %s first, or deploy with force (plover deploy --force) and let %s requests fail", name, err.Error(), plural(len(ue.Users), ue.Users[0], "them"), plural(len(ue.Users), "its", "their"))
 	}
 	return nil
+}
+
+// forcedPast is the warning of a deploy forced past checkUsers's err:
+// the pipelines it breaks in the UsersError's own words (not the 409's,
+// whose advice is to use the force just used), or the refusal a client
+// would have had when the store could not list them.
+func forcedPast(err error) string {
+	var ue *pipedef.UsersError
+	if errors.As(err, &ue) {
+		return ue.Forced()
+	}
+	var ee *errdefs.Error
+	if errors.As(err, &ee) {
+		return ee.Msg
+	}
+	return err.Error()
 }
 
 // Delete removes a function; its current version retires after in-flight

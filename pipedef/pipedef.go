@@ -214,6 +214,10 @@ func (e *UsersError) Error() string {
 	return b.String()
 }
 
+// Forced is the warning of a deploy that landed with force past e, on a
+// server or straight to the store.
+func (e *UsersError) Forced() string { return "deployed with force: " + e.Error() }
+
 // Say is pipelines named for a message: at most maxUsersSaid of them,
 // and how many more.
 func Say(pipelines []string) string {
@@ -264,18 +268,14 @@ func CheckUsers(ctx context.Context, recs []*api.Record, name string, steps []ab
 		}
 	}
 	after[name] = next
-	all := make([]*api.Record, 0, len(after))
-	for _, r := range after {
-		all = append(all, r)
-	}
-	slices.SortFunc(all, func(a, b *api.Record) int { return strings.Compare(a.Name, b.Name) })
 	walk := users{recs: after, name: name, seen: map[string]walked{}}
 	e := &UsersError{Function: name}
-	for _, r := range all {
-		if r.Name == name || before[r.Name] == nil {
+	byName := func(a, b *api.Record) int { return strings.Compare(a.Name, b.Name) }
+	for _, r := range slices.SortedFunc(slices.Values(recs), byName) {
+		if r.Name == name {
 			continue
 		}
-		for _, v := range served(before[r.Name]) {
+		for _, v := range served(r) {
 			if v.Kind != abi.KindPipeline || !walk.runs(v.Steps, MaxDepth) || checkIn(ctx, before, r.Name, v.Steps) != nil {
 				continue
 			}

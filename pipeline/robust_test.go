@@ -9,7 +9,9 @@ package pipeline_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/oip"
 	"github.com/plover-run/plover/pipeline"
 )
@@ -338,7 +341,7 @@ func TestPipelineMaxInputIsItsFirstSteps(t *testing.T) {
 func TestALimitPassedSinceItsDeployIsTheServers(t *testing.T) {
 	e := nested256(t)
 	// outer would run 16 x 17 = 272: refused, naming outer, unless forced.
-	b, _, _, err := bundle.PackBytes(pipelineDir(t, "inner", fill(17, "f")...))
+	b, _, _, err := bundle.PackBytes(pipelineDir(t, "inner", testkit.Repeat(17, "f")...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +349,7 @@ func TestALimitPassedSinceItsDeployIsTheServers(t *testing.T) {
 	if st, _, _, _ := apierr.Classify(err); st.HTTP != 409 || !strings.Contains(err.Error(), "pipeline outer runs inner") || !strings.Contains(err.Error(), "plover deploy --force") {
 		t.Fatalf("deploying inner past outer's limit: %v (HTTP %d), want 409 naming outer and --force", err, st.HTTP)
 	}
-	fi := testkit.ForceDeploy(t, e, pipelineDir(t, "inner", fill(17, "f")...))
+	fi := testkit.ForceDeploy(t, e, pipelineDir(t, "inner", testkit.Repeat(17, "f")...))
 	if len(fi.Warnings) != 1 || !strings.Contains(fi.Warnings[0], "pipeline outer runs inner") {
 		t.Errorf("the forced deploy's warnings: %q, want one naming outer", fi.Warnings)
 	}
@@ -361,16 +364,50 @@ func TestALimitPassedSinceItsDeployIsTheServers(t *testing.T) {
 func nested256(t *testing.T) *engine.Engine {
 	e := testkit.Engine(t, engine.Config{})
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("f"), nil))
-	testkit.Deploy(t, e, pipelineDir(t, "inner", fill(16, "f")...))
-	testkit.Deploy(t, e, pipelineDir(t, "outer", fill(16, "inner")...))
+	testkit.Deploy(t, e, pipelineDir(t, "inner", testkit.Repeat(16, "f")...))
+	testkit.Deploy(t, e, pipelineDir(t, "outer", testkit.Repeat(16, "inner")...))
 	return e
 }
 
-// fill is n steps naming step.
-func fill(n int, step string) []any {
-	out := make([]any, n)
-	for i := range out {
-		out[i] = step
+// listDown is a store whose listings of the records fail while down: the
+// records a pipeline deploy reads by name are there, the list of them all
+// is not.
+type listDown struct {
+	objectstore.Store
+	down atomic.Bool
+}
+
+func (s *listDown) List(ctx context.Context, prefix string) ([]objectstore.Info, error) {
+	if s.down.Load() && prefix == "functions/" {
+		return nil, errors.New("endpoint unreachable (http://127.0.0.1:9): connection refused")
 	}
-	return out
+	return s.Store.List(ctx, prefix)
+}
+
+// A pipeline deploy whose store cannot list the pipelines that may run it
+// is 503 naming what was not checked; with force it lands and says so in
+// its warnings (it said nothing: a forced deploy past an unchecked limit
+// read as one past nothing).
+func TestAForcedDeployPastAnUncheckedListingSaysSo(t *testing.T) {
+	fs, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &listDown{Store: fs}
+	e := testkit.Engine(t, engine.Config{Store: store})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("f"), nil))
+	testkit.Deploy(t, e, pipelineDir(t, "inner", "f"))
+	store.down.Store(true)
+	b, _, _, err := bundle.PackBytes(pipelineDir(t, "inner", "f", "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.Control().Deploy(context.Background(), "inner", bytes.NewReader(b), false)
+	if st, _, _, _ := apierr.Classify(err); st.HTTP != 503 || !strings.Contains(err.Error(), "the pipelines that may run it were not checked") {
+		t.Fatalf("deploying inner, the store's listing down: %v (HTTP %d), want 503 saying what was not checked", err, st.HTTP)
+	}
+	fi := testkit.ForceDeploy(t, e, pipelineDir(t, "inner", "f", "f"))
+	if len(fi.Warnings) != 1 || !strings.Contains(fi.Warnings[0], "deploy inner: the pipelines that may run it were not checked: store unavailable") || !strings.Contains(fi.Warnings[0], "endpoint unreachable") {
+		t.Errorf("the forced deploy's warnings: %q, want one saying the pipelines were not checked and why", fi.Warnings)
+	}
 }

@@ -25,8 +25,8 @@ import (
 // outer is gone, a load deploys it.
 func TestAPipelineBreakingItsUsersWaitsForALoad(t *testing.T) {
 	models := cnnModels(t, "1")
-	copyFiles(t, testkit.PipelineDir(t, "inner", fill(8, "cnn")...), filepath.Join(models, "inner", "1"), "plover.json")
-	copyFiles(t, testkit.PipelineDir(t, "inner", fill(16, "cnn")...), filepath.Join(models, "inner", "2"), "plover.json")
+	copyFiles(t, testkit.PipelineDir(t, "inner", testkit.Repeat(8, "cnn")...), filepath.Join(models, "inner", "1"), "plover.json")
+	copyFiles(t, testkit.PipelineDir(t, "inner", testkit.Repeat(16, "cnn")...), filepath.Join(models, "inner", "2"), "plover.json")
 	ageAll(models)
 	e := testkit.Engine(t, engine.Config{})
 	var log testkit.LogBuffer
@@ -37,13 +37,13 @@ func TestAPipelineBreakingItsUsersWaitsForALoad(t *testing.T) {
 	url := testkit.Serve(t, e, httpapi.Options{Repository: r})
 	ctx := context.Background()
 	r.Scan(ctx)
-	testkit.Deploy(t, e, testkit.PipelineDir(t, "outer", fill(16, "inner")...))
+	testkit.Deploy(t, e, testkit.PipelineDir(t, "outer", testkit.Repeat(16, "inner")...))
 
 	next := filepath.Join(models, "inner", "2", "plover.json")
 	if err := os.Remove(next); err != nil { // a link to the first copy's file
 		t.Fatal(err)
 	}
-	copyFiles(t, testkit.PipelineDir(t, "inner", fill(17, "cnn")...), filepath.Dir(next), "plover.json")
+	copyFiles(t, testkit.PipelineDir(t, "inner", testkit.Repeat(17, "cnn")...), filepath.Dir(next), "plover.json")
 	ageAll(models)
 	for range 3 {
 		r.Scan(ctx)
@@ -91,13 +91,4 @@ func TestAPipelineBreakingItsUsersWaitsForALoad(t *testing.T) {
 	if label, steps := inner(); label != "2" || steps != 17 {
 		t.Errorf("inner's current version after the load: folder %s with %d steps, want 2 with 17", label, steps)
 	}
-}
-
-// fill is n steps naming step.
-func fill(n int, step string) []any {
-	out := make([]any, n)
-	for i := range out {
-		out[i] = step
-	}
-	return out
 }

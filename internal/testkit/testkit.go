@@ -141,6 +141,16 @@ func PipelineDir(t testing.TB, name string, steps ...any) string {
 	return dir
 }
 
+// Repeat is n pipeline steps naming step: PipelineDir(t, "p",
+// Repeat(16, "f")...) runs f 16 times.
+func Repeat(n int, step string) []any {
+	out := make([]any, n)
+	for i := range out {
+		out[i] = step
+	}
+	return out
+}
+
 // BundleDir writes a bundle directory: the manifest, the test kernels
 // library (built once per call) and, if consts is not nil, the constants.
 func BundleDir(t testing.TB, m *abi.Manifest, consts []byte) string {
