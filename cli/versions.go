@@ -127,15 +127,21 @@ func rollbackCmd() *command {
 				if err != nil {
 					return err
 				}
-				// A pipeline's version is checked as a server checks it.
+				// A pipeline's version is checked as a server checks it,
+				// and the version checked is the one made current (a label
+				// resolved again could name one deployed since).
+				ref := args[1]
 				if rec, err := reg.Get(context.Background(), args[0]); err == nil {
-					if pv, err := pipedef.Pick(rec, args[1]); err == nil && pv.IsPipeline() {
-						if err := checkSteps(reg, args[0], pv.Steps); err != nil {
-							return err
+					if pv, err := pipedef.Pick(rec, args[1]); err == nil {
+						if pv.IsPipeline() {
+							if err := checkSteps(reg, args[0], pv.Steps); err != nil {
+								return err
+							}
 						}
+						ref = pv.ID
 					}
 				}
-				v, _, err := reg.SetCurrent(context.Background(), args[0], args[1])
+				v, _, err := reg.SetCurrent(context.Background(), args[0], ref)
 				if err != nil {
 					return err
 				}

@@ -404,11 +404,15 @@ func (c *Control) Listed(ctx context.Context) (map[string]bool, error) {
 // requests finish on the version they started on.
 func (c *Control) Rollback(ctx context.Context, name, version string) (api.FunctionInfo, error) {
 	e := c.e
-	if err := c.checkRollback(ctx, name, version); err != nil {
+	id, err := c.checkRollback(ctx, name, version)
+	if err != nil {
 		return api.FunctionInfo{}, err
 	}
+	if id == "" {
+		id = version // SetCurrent's to refuse
+	}
 	at := e.tab.at() // before the store changes: see land
-	rv, rec, err := e.tab.reg.SetCurrent(ctx, name, version)
+	rv, rec, err := e.tab.reg.SetCurrent(ctx, name, id)
 	switch {
 	case errors.Is(err, registry.ErrNoFunction):
 		return api.FunctionInfo{}, notFound(name, err, "")
@@ -510,26 +514,29 @@ func (c *Control) unready(name, ref string, now time.Time, depth int, seen map[[
 }
 
 // checkRollback checks a pipeline version's steps before it becomes
-// current again: the functions it named may have gone since. Anything
-// else (no such function or version) is SetCurrent's to report.
-func (c *Control) checkRollback(ctx context.Context, name, version string) error {
+// current again: the functions it named may have gone since. It returns
+// the id version resolves to, which the rollback makes current: resolved
+// again, a label or prefix could name a version deployed since, never
+// checked. Anything else (no such function or version: id "") is
+// SetCurrent's to report.
+func (c *Control) checkRollback(ctx context.Context, name, version string) (id string, err error) {
 	e := c.e
 	rec, err := e.tab.reg.Get(ctx, name)
 	if errors.Is(err, registry.ErrNoFunction) {
-		return nil // SetCurrent's 404
+		return "", nil // SetCurrent's 404
 	}
 	if err != nil {
 		// Fail closed: an unchecked rollback could run what its caller may not.
-		return unavailable(err, "rollback %s: reading its record: store unavailable", name)
+		return "", unavailable(err, "rollback %s: reading its record: store unavailable", name)
 	}
 	v, err := pipedef.Pick(rec, version)
 	if err != nil {
-		return nil // no such version, or an ambiguous prefix: SetCurrent's to refuse
+		return "", nil // no such version, or an ambiguous prefix: SetCurrent's to refuse
 	}
 	if v.IsPipeline() {
-		return c.checkPipeline(ctx, name, v.Steps)
+		return v.ID, c.checkPipeline(ctx, name, v.Steps)
 	}
-	return nil
+	return v.ID, nil
 }
 
 // GC deletes bundles no function record references, older than grace.
