@@ -280,11 +280,7 @@ func CheckUsers(ctx context.Context, recs []*api.Record, name string, steps []ab
 				continue
 			}
 			if err := checkIn(ctx, after, r.Name, v.Steps); err != nil {
-				who := r.Name
-				if v.ID != r.Current {
-					who += " (version " + v.Label + ")"
-				}
-				e.Users = append(e.Users, who)
+				e.Users = append(e.Users, said(r, v))
 				e.Reasons = append(e.Reasons, err.Error())
 			}
 		}
@@ -293,6 +289,15 @@ func CheckUsers(ctx context.Context, recs []*api.Record, name string, steps []ab
 		return nil
 	}
 	return e
+}
+
+// said names a version served: "outer" when current, "outer (version
+// 1)" for the newest with label 1.
+func said(r *api.Record, v api.Version) string {
+	if v.ID == r.Current {
+		return r.Name
+	}
+	return r.Name + " (version " + v.Label + ")"
 }
 
 // served is the versions of r that requests reach by a name: its current
@@ -331,10 +336,11 @@ func checkIn(ctx context.Context, recs map[string]*api.Record, name string, step
 	return check(ctx, name, steps, get, func(err error) bool { return errors.Is(err, errNoRecord) }, false)
 }
 
-// UsersOf names the pipelines among recs whose current version runs the
-// function name, sorted: as a step, or through a nested pipeline's steps
-// at the version the step pins (an older one, whose steps no current
-// version names) or its current one.
+// UsersOf names the pipeline versions among recs that requests reach by
+// a name (served: each current one, and the newest with each label, named
+// as in CheckUsers) and that run the function name, sorted: as a step, or
+// through a nested pipeline's steps at the version the step pins (an
+// older one, whose steps no current version names) or its current one.
 func UsersOf(recs []*api.Record, name string) []string {
 	u := users{recs: make(map[string]*api.Record, len(recs)), name: name, seen: map[string]walked{}}
 	for _, r := range recs {
@@ -342,12 +348,13 @@ func UsersOf(recs []*api.Record, name string) []string {
 	}
 	var out []string
 	for _, r := range recs {
-		v, err := r.CurrentVersion()
-		if err != nil || v.Kind != abi.KindPipeline || r.Name == name {
+		if r.Name == name {
 			continue
 		}
-		if u.runs(v.Steps, MaxDepth) {
-			out = append(out, r.Name)
+		for _, v := range served(r) {
+			if v.Kind == abi.KindPipeline && u.runs(v.Steps, MaxDepth) {
+				out = append(out, said(r, v))
+			}
 		}
 	}
 	slices.Sort(out)

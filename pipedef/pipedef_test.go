@@ -137,6 +137,9 @@ func TestCheckDepth(t *testing.T) {
 func TestUsersOf(t *testing.T) {
 	old := pipe("old", s("a"))
 	old.Versions = append([]api.Version{{ID: "x", Kind: abi.KindPipeline, Steps: []abi.Step{s("b")}}}, old.Versions...)
+	labelled := pipe("repo", s("a"))
+	labelled.Versions[0].Label = "2"
+	labelled.Versions = append([]api.Version{{ID: "y", Label: "1", Kind: abi.KindPipeline, Steps: []abi.Step{s("b")}}}, labelled.Versions...)
 	recs := []*api.Record{
 		pipe("p2", abi.Step{Parallel: []abi.Step{s("b"), s("c")}}),
 		pipe("p1", s("a"), s("b")),
@@ -144,11 +147,12 @@ func TestUsersOf(t *testing.T) {
 		old, // names b only in a version that is not current
 		pipe("p3", abi.Step{Function: "old", Version: "x"}), // runs b through old's version x
 		pipe("p4", s("old")), // old's current version: a, not b
+		labelled,             // runs b in version folder 1, served by its number
 	}
-	if got := strings.Join(UsersOf(recs, "b"), ","); got != "p1,p2,p3" {
+	if got := strings.Join(UsersOf(recs, "b"), ","); got != "p1,p2,p3,repo (version 1)" {
 		t.Fatalf("UsersOf(b) = %s", got)
 	}
-	if got := strings.Join(UsersOf(recs, "a"), ","); got != "old,p1,p4" {
+	if got := strings.Join(UsersOf(recs, "a"), ","); got != "old,p1,p4,repo" {
 		t.Fatalf("UsersOf(a) = %s", got)
 	}
 	if got := UsersOf(recs, "z"); got != nil {
