@@ -63,7 +63,11 @@ type wfqFlow struct {
 func (w *WFQ) state(f *Flow) *wfqFlow {
 	st, _ := f.PolicyData.(*wfqFlow)
 	if st == nil {
-		st = &wfqFlow{base: w.base}
+		// A new flow starts at its class's clock, as one that wakes: at
+		// 0, after the clock had moved back below it (Started), it sat
+		// up to a quantum behind its class's backlogged flows, and
+		// Reweighed took that for a lead and scaled it.
+		st = &wfqFlow{base: w.base, tag: w.vnow[f.Class()]}
 		f.PolicyData = st
 	}
 	if st.base != w.base {
@@ -115,10 +119,14 @@ func (w *WFQ) Started(f *Flow, now time.Time) float64 {
 	return charged
 }
 
-// floor is the least tag of the flows of f's class with runs waiting, f
-// aside (+Inf for none): where a run goes before them out of fair order,
-// its class's clock moves no further, or a flow waking beside them would
-// start ahead of them and wait until they caught up.
+// floor is the least tag of the flows of f's class with runs waiting or
+// running, f aside (+Inf for none): where a run goes before them out of
+// fair order, its class's clock moves no further, or a flow waking beside
+// them would start ahead of them and wait until they caught up. Running
+// ones count too: a flood with every run in flight and none queued is
+// still busy, and a low-share light function's runs in its kept slot
+// dragged the clock past it, by a second of virtual time per 10 ms run
+// at share 0.01, without bound.
 func (w *WFQ) floor(f *Flow) float64 {
 	least := math.Inf(1)
 	if f.s == nil {
@@ -126,6 +134,11 @@ func (w *WFQ) floor(f *Flow) float64 {
 	}
 	for _, g := range f.s.waiting {
 		if g != f && g.Class() == f.Class() {
+			least = math.Min(least, w.state(g).tag)
+		}
+	}
+	for _, r := range f.s.running { // at most MaxRuns
+		if g := r.f; g != nil && g != f && g.Class() == f.Class() {
 			least = math.Min(least, w.state(g).tag)
 		}
 	}

@@ -1,0 +1,135 @@
+package sched
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// A flow created after its class's clock moved back (Started, once a
+// clock reaches two quanta) starts at that clock: it started at 0, up to
+// a quantum behind its class's backlogged flows, and an equal-share
+// function deployed then had no run until its neighbour had used about
+// 18 minutes of device time (a review found it).
+func TestAFlowCreatedAfterTheClockMovedBackStartsAtIt(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 1, Clock: clk})
+	w := s.pol.(*WFQ)
+	lat, old := s.Flow("lat"), s.Flow("old")
+	lat.Set(1, Latency)
+	tk, _, _ := old.Admit(context.Background(), time.Time{}, nil)
+	clk.Advance(time.Millisecond)
+	tk.Done()
+	// The latency class's clock past two quanta (about 40 minutes of
+	// device time at share 1): the next latency run moves every clock
+	// back, the default class's below zero.
+	w.vnow[Latency] = 3 * vQuantum
+	w.state(lat).tag = 3 * vQuantum
+	tk, _, _ = lat.Admit(context.Background(), time.Time{}, nil)
+	clk.Advance(time.Millisecond)
+	tk.Done()
+	bg := context.Background()
+	cur, _, _ := old.Admit(bg, time.Time{}, nil) // old backlogged from here on
+	cOld := admitAsync(old, bg, time.Time{}, nil)
+	waitFor(t, "old queued", func() bool { return old.queued() == 1 })
+	nw := s.Flow("new") // a function deployed now, same share and class
+	cNew := admitAsync(nw, bg, time.Time{}, nil)
+	waitFor(t, "new queued", func() bool { return nw.queued() == 1 })
+	runs := map[string]int{}
+	for i := 0; i < 200; i++ {
+		clk.Advance(time.Millisecond)
+		cur.Done()
+		select {
+		case r := <-cOld:
+			runs["old"]++
+			cur = r.t
+			cOld = admitAsync(old, bg, time.Time{}, nil)
+			waitFor(t, "old queued", func() bool { return old.queued() == 1 })
+		case r := <-cNew:
+			runs["new"]++
+			cur = r.t
+			cNew = admitAsync(nw, bg, time.Time{}, nil)
+			waitFor(t, "new queued", func() bool { return nw.queued() == 1 })
+		case <-time.After(5 * time.Second):
+			t.Fatal("nothing admitted")
+		}
+	}
+	if runs["new"] < 50 {
+		t.Errorf("a function deployed after the clock moved back had %d of 200 runs beside an equal-share neighbour (%d; tags %.4g and %.4g)", runs["new"], runs["old"], w.state(nw).tag, w.state(old).tag)
+	}
+}
+
+// A flood whose runs are all in flight, none queued, holds its class's
+// clock as a queued one does: a low-share light function's runs in its
+// kept slot moved the clock to their tags (the floor saw no flow
+// waiting), a second of virtual time per 10 ms run at share 0.01, and a
+// function that woke a minute later started that far ahead of the flood
+// and had none of 600 runs (a review found it).
+func TestARunningFloodHoldsTheClock(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 4, Reserve: 1, Recent: time.Hour, Clock: clk})
+	f, g, l := s.Flow("f"), s.Flow("g"), s.Flow("light")
+	l.Set(0.01, Default)
+	bg := context.Background()
+	lightRun := func() {
+		tk, _, err := l.Admit(bg, time.Time{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(10 * time.Millisecond)
+		tk.Done()
+	}
+	lightRun()
+	var fr []Ticket
+	for i := 0; i < 3; i++ {
+		tk, w, err := f.Admit(bg, time.Time{}, nil)
+		if err != nil || w != 0 {
+			t.Fatal("f not admitted at once", err)
+		}
+		fr = append(fr, tk)
+	}
+	// 20 s of f's closed loop (3 clients, a run ending each ms) and the
+	// light function's 10 ms run about every 83 ms.
+	for i := 0; i < 20000; i++ {
+		clk.Advance(time.Millisecond)
+		fr[0].Done()
+		tk, w, err := f.Admit(bg, time.Time{}, nil)
+		if err != nil || w != 0 {
+			t.Fatal("f queued in phase 1", err)
+		}
+		fr = append(fr[1:], tk)
+		if i%83 == 0 {
+			lightRun()
+		}
+	}
+	w := s.pol.(*WFQ)
+	// g wakes, one client; f keeps one run queued beside it.
+	cg := admitAsync(g, bg, time.Time{}, nil)
+	waitFor(t, "g queued", func() bool { return g.queued() == 1 })
+	cf := admitAsync(f, bg, time.Time{}, nil)
+	waitFor(t, "f queued", func() bool { return f.queued() == 1 })
+	runs := map[string]int{}
+	running := fr
+	for i := 0; i < 600; i++ {
+		clk.Advance(time.Millisecond)
+		running[0].Done()
+		running = running[1:]
+		select {
+		case r := <-cf:
+			runs["f"]++
+			running = append(running, r.t)
+			cf = admitAsync(f, bg, time.Time{}, nil)
+			waitFor(t, "f queued", func() bool { return f.queued() == 1 })
+		case r := <-cg:
+			runs["g"]++
+			running = append(running, r.t)
+			cg = admitAsync(g, bg, time.Time{}, nil)
+			waitFor(t, "g queued", func() bool { return g.queued() == 1 })
+		case <-time.After(5 * time.Second):
+			t.Fatal("nothing admitted")
+		}
+	}
+	if runs["g"] < 150 {
+		t.Errorf("g (share 1, woke beside f's flood at share 1) had %d of 600 runs (clock %.4g, f's tag %.4g)", runs["g"], w.vnow[Default], w.state(f).tag)
+	}
+}
