@@ -604,7 +604,10 @@ func (r *tagReader) Read(p []byte) (int, error) {
 func (r *tagReader) Close() error { return r.obj.Close() }
 
 // PutIf sends the condition with the PUT (If-None-Match: * or If-Match:
-// ETAG), which AWS S3 and MinIO evaluate atomically; 412 is the refusal.
+// ETAG), which AWS S3 and MinIO evaluate atomically; 412 is the refusal,
+// and AWS's 409 ConditionalRequestConflict (another write or a delete of
+// the key in flight, to be retried) a lost race too: the caller reads
+// again.
 func (s *S3) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifMatch string) (err error) {
 	defer func() { err = fault(err) }()
 	name, err := s.objectName(key)
@@ -625,7 +628,7 @@ func (s *S3) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifM
 		opts.SetMatchETag(ifMatch)
 	}
 	if _, err := s.client.PutObject(ctx, s.bucket, name, body, size, opts); err != nil {
-		if resp := minio.ToErrorResponse(err); resp.StatusCode == 412 || resp.Code == "PreconditionFailed" {
+		if resp := minio.ToErrorResponse(err); resp.StatusCode == 412 || resp.Code == "PreconditionFailed" || resp.Code == "ConditionalRequestConflict" {
 			s.sawBucket() // the condition was evaluated on the bucket's object
 			return fmt.Errorf("put %s: %w", key, ErrPrecondition)
 		}

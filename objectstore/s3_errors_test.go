@@ -504,3 +504,29 @@ func TestS3ObjectDeletedWhileRead(t *testing.T) {
 		t.Fatalf("read of an object deleted after the HEAD: %v, want ErrNotFound", err)
 	}
 }
+
+// A conditional PUT that AWS answers 409 ConditionalRequestConflict (a
+// write or delete of the key in flight beside it) is a lost race, as a
+// 412 is: the record's update reads again and retries. It was a 503
+// naming the code, and a deploy racing another node's failed.
+func TestS3ConditionalConflictIsALostRace(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		code   string
+	}{
+		{http.StatusPreconditionFailed, "PreconditionFailed"},
+		{http.StatusConflict, "ConditionalRequestConflict"},
+	} {
+		s, f := openFake(t, func(r *http.Request) (int, string) { return tc.status, tc.code })
+		for _, ifMatch := range []string{"", `"0123"`} {
+			before := f.count()
+			err := s.PutIf(context.Background(), "functions/f.json", bytes.NewReader([]byte("x")), 1, ifMatch)
+			if !errors.Is(err, ErrPrecondition) {
+				t.Errorf("%d %s, if-match %q: %v, want ErrPrecondition", tc.status, tc.code, ifMatch, err)
+			}
+			if n := f.count() - before; n != 1 {
+				t.Errorf("%d %s: %d requests, want 1 (the caller reads again, then retries)", tc.status, tc.code, n)
+			}
+		}
+	}
+}
