@@ -51,7 +51,10 @@ func (e *endpoint) registry() (registry.Registry, error) {
 	if err != nil {
 		return registry.Registry{}, err
 	}
-	return registry.Registry{Store: s}, nil
+	// The cache keeps the records a gc or rm reads again under its marks
+	// to those changed since (by ETag): read whole each time, hundreds of
+	// records on S3 took longer than a delete's bound, and nothing went.
+	return registry.Registry{Store: s, Cache: registry.NewCache()}, nil
 }
 
 // tlsConfig is the client TLS configuration: the system roots plus the CA

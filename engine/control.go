@@ -543,6 +543,10 @@ func (c *Control) checkRollback(ctx context.Context, name, version string) (id s
 func (c *Control) GC(ctx context.Context, grace time.Duration) ([]string, error) {
 	e := c.e
 	removed, err := e.tab.reg.GC(ctx, grace)
+	if errors.Is(err, registry.ErrBundlesKept) {
+		// Not the store's failure: a later gc may delete them.
+		return removed, errorf(errdefs.KindUnavailable, err, "%s (%d deleted): run gc again", err.Error(), len(removed))
+	}
 	if err != nil {
 		return removed, unavailable(err, "gc: store unavailable")
 	}

@@ -124,9 +124,15 @@ func (g Registry) deleteUnused(ctx context.Context, keys []string, grace time.Du
 	// reading has it. The age alone let a deploy's reuse go where the
 	// grace is 0 or the gc node's clock runs ahead of the store's.
 	named, err := g.named(ctx)
-	if err != nil || named == nil {
+	if err != nil {
 		return nil, err
 	}
+	if named == nil {
+		// A record that no longer decodes may name any of them (it
+		// decoded at the caller's listing).
+		return nil, fmt.Errorf("%w: a record that cannot be decoded may name them", ErrBundlesKept)
+	}
+	readAt := time.Now()
 	dctx, cancel := context.WithDeadline(ctx, marked.Add(deleteBound))
 	defer cancel()
 	var deleted []string
@@ -150,7 +156,10 @@ func (g Registry) deleteUnused(ctx context.Context, keys []string, grace time.Du
 		unmark(key)
 		if err != nil {
 			if dctx.Err() != nil && ctx.Err() == nil {
-				return deleted, nil // past its bound: it and the rest kept for a later gc
+				// Past its bound (a deploy waits on a mark no longer):
+				// it and the rest are kept for a later gc, and said so.
+				return deleted, fmt.Errorf("%w: %d %s, the deletes past their bound of %s since marking them (the records took %s to read)",
+					ErrBundlesKept, len(keys)-len(deleted), plural(len(keys)-len(deleted), "bundle", "bundles"), deleteBound, readAt.Sub(marked).Round(time.Millisecond))
 			}
 			return deleted, err
 		}
