@@ -50,6 +50,12 @@ func TestARecordTooLargeOrCorruptIsNoOutage(t *testing.T) {
 	if err := fs.Put(context.Background(), "functions/torn.json", strings.NewReader(`{"name":"torn","curr`), 20); err != nil {
 		t.Fatal(err)
 	}
+	// A record that decodes but names no current version (a hand edit)
+	// failed every listing of the functions (500).
+	dangling := `{"name":"dangling","current":"nope","versions":[]}`
+	if err := fs.Put(context.Background(), "functions/dangling.json", strings.NewReader(dangling), int64(len(dangling))); err != nil {
+		t.Fatal(err)
+	}
 	b, _, _, err := bundle.PackBytes(big)
 	if err != nil {
 		t.Fatal(err)

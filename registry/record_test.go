@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"regexp"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -222,6 +223,9 @@ func TestCorruptRecordSpoilsNoOtherFunction(t *testing.T) {
 		{"cut short", func(b []byte) []byte { return b[:len(b)/2] }, "unexpected EOF"},
 		{"not JSON", func([]byte) []byte { return []byte("\x00\x01 not a record") }, "invalid character"},
 		{"another function's", func(b []byte) []byte { return bytes.Replace(b, []byte(`"name":"evil"`), []byte(`"name":"victim"`), 1) }, `it is for "victim"`},
+		{"no current version", func(b []byte) []byte {
+			return regexp.MustCompile(`"current":"[^"]*"`).ReplaceAll(b, []byte(`"current":"nope"`))
+		}, `it names current version "nope", which it does not list`},
 		{"past the read limit", func(b []byte) []byte {
 			pad := bytes.Repeat([]byte(" "), maxRecordRead)
 			return append(append(b[:len(b)-1:len(b)-1], pad...), '}')

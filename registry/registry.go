@@ -178,6 +178,13 @@ func (g Registry) readTagged(ctx context.Context, name string) (*api.Record, obj
 	if r.Name != name {
 		return nil, objectstore.Info{}, corrupt(name, fmt.Errorf("it is for %q", r.Name))
 	}
+	if _, err := r.CurrentVersion(); err != nil {
+		err = fmt.Errorf("it names current version %q, which it does not list", r.Current)
+		// Every write names a current version (Publish): one that does
+		// not (a hand edit) made each listing of the functions fail, for
+		// every tenant, where a record that does not decode is passed over.
+		return nil, objectstore.Info{}, corrupt(name, err)
+	}
 	return &r, info, nil
 }
 
