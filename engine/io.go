@@ -28,6 +28,9 @@ func newIO(e *Engine, sc SchedConfig) *ioshare.Shares {
 		cfg.Recent = sc.ReserveHold
 	}
 	cfg.Charge = e.chargeIO
+	if cfg.Flooding == nil {
+		cfg.Flooding = func(name string) bool { return e.Flooding(name, sched.DefaultOverlap) }
+	}
 	return ioshare.New(cfg)
 }
 

@@ -76,6 +76,12 @@ type Config struct {
 	Log *slog.Logger
 	// Policy orders waiting pieces ("": sched.DefaultPolicy).
 	Policy string
+	// Flooding, when set, reports whether the function named floods its
+	// devices (two or more runs at once, lately): its touches keep no
+	// slot for it. A flood of small requests never needs a turn, and
+	// counted light by its touches it kept a slot from the floods of
+	// large bodies for as long as it flooded.
+	Flooding func(name string) bool
 	// Recent is how long a light function's request keeps the slot kept
 	// for light functions (sched.Config.Recent; 0: sched.DefaultRecent).
 	Recent time.Duration
@@ -274,6 +280,9 @@ func (f *Flow) Touch(now time.Time) {
 	// every touch for that hour.
 	at := int64(now.Sub(epoch))
 	if last := f.touched.Load(); last != 0 && at-last < int64(touchEvery) || !f.touched.CompareAndSwap(last, at) {
+		return
+	}
+	if fl := f.sh.cfg.Flooding; fl != nil && fl(f.name) {
 		return
 	}
 	f.f.Touch()

@@ -412,9 +412,22 @@ func TestTouchCountsForRecent(t *testing.T) {
 
 // While a light function is about, a flood's pieces leave a slot free for
 // it, unless the node keeps none (NoReserve): then they take every slot.
+// A function flooding its devices with small requests (Config.Flooding)
+// keeps none by its touches: it never needs a turn, and it kept the slot
+// from the floods that do for as long as it flooded (a review found it).
 func TestNoReserveGivesTheFloodsEverySlot(t *testing.T) {
-	for _, noReserve := range []bool{false, true} {
-		sh := New(Config{Slots: 2, Recent: time.Hour, Hold: time.Hour, NoReserve: noReserve})
+	for _, tc := range []struct {
+		name      string
+		noReserve bool
+		flooding  bool // the touching function floods its devices
+		took      bool // the flood's second piece takes the last slot
+	}{
+		{"kept for a light function", false, false, false},
+		{"no reserve", true, false, true},
+		{"a small-request flood touching", false, true, true},
+	} {
+		sh := New(Config{Slots: 2, Recent: time.Hour, Hold: time.Hour, NoReserve: tc.noReserve,
+			Flooding: func(name string) bool { return tc.flooding && name == "light" }})
 		sh.Flow("light").Touch(time.Now())
 		flood := sh.Flow("flood")
 		first, err := flood.Turn(context.Background(), time.Time{}, nil, false)
@@ -426,8 +439,8 @@ func TestNoReserveGivesTheFloodsEverySlot(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		second, err := flood.Turn(ctx, time.Time{}, nil, false)
 		cancel()
-		if took := err == nil; took != noReserve {
-			t.Errorf("NoReserve %v: the flood's second piece beside a light function took the last slot %v (%v)", noReserve, took, err)
+		if took := err == nil; took != tc.took {
+			t.Errorf("%s: the flood's second piece took the last slot %v (%v), want %v", tc.name, took, err, tc.took)
 		}
 		second.Done()
 		first.Done()
