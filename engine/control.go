@@ -124,7 +124,7 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		if err != nil {
 			return api.FunctionInfo{}, err
 		}
-		fi := c.info(f, rv, c.versionCount(ctx, name))
+		fi := c.info(f, rv, versionCount(pub.Record))
 		fi.Unchanged = true
 		return fi, nil
 	}
@@ -132,14 +132,14 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		// Beside the current version: nothing on this node changes until
 		// a request names it (PinVersion reads the record then).
 		e.cfg.Log.Info("deployed beside the current version", "function", name, "version", rv.ID, "label", o.Label, "sha256", sha[:12], "bytes", n)
-		return api.FunctionInfo{Name: name, Version: rv.ID, SHA256: rv.SHA256, Size: rv.Size, Created: rv.Created, Versions: c.versionCount(ctx, name)}, nil
+		return api.FunctionInfo{Name: name, Version: rv.ID, SHA256: rv.SHA256, Size: rv.Size, Created: rv.Created, Versions: versionCount(pub.Record)}, nil
 	}
 	f, err := e.tab.land(ctx, name, &rv, pub.Record, at)
 	if err != nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindOf(err), err, "deployed %s version %s, but this node did not take it on: %v", name, rv.ID, err)
 	}
 	e.cfg.Log.Info("deployed", "function", name, "version", rv.ID, "sha256", sha[:12], "bytes", n)
-	return c.landed(ctx, f, name, rv), nil
+	return c.landed(ctx, f, name, rv, pub.Record), nil
 }
 
 // spool copies a deploy's body into tmp, hashing it on the way (the
@@ -217,12 +217,12 @@ func (e *Engine) bundleLimit(name string) (int64, error) {
 // landed is the answer of a deploy or rollback that made rv current and
 // left this node running f, pre-warmed as its policy asks; f is nil when
 // a delete that came after it dropped the function meanwhile.
-func (c *Control) landed(ctx context.Context, f *function, name string, rv api.Version) api.FunctionInfo {
+func (c *Control) landed(ctx context.Context, f *function, name string, rv api.Version, rec *api.Record) api.FunctionInfo {
 	if f == nil {
 		f = &function{name: name}
 	}
 	c.e.warmIfWanted(ctx, f)
-	return c.info(f, rv, c.versionCount(ctx, name))
+	return c.info(f, rv, versionCount(rec))
 }
 
 // checkBundle checks an unpacked bundle, whose manifest checkManifest
@@ -370,13 +370,14 @@ func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 	return nil
 }
 
-// versionCount is how many versions name's record lists (0 if unreadable).
-func (c *Control) versionCount(ctx context.Context, name string) int {
-	e := c.e
-	if rec, err := e.tab.reg.Get(ctx, name); err == nil {
-		return len(rec.Versions)
+// versionCount is how many versions rec, as written or read by the call
+// answered, lists (0 for none): a read of its own, later, could say
+// another write's count, or 0 where it failed.
+func versionCount(rec *api.Record) int {
+	if rec == nil {
+		return 0
 	}
-	return 0
+	return len(rec.Versions)
 }
 
 // Versions returns a function's record: every version and the current one.
@@ -430,7 +431,7 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (api.Funct
 		return api.FunctionInfo{}, errorf(errdefs.KindOf(err), err, "rolled %s back to %s, but this node did not follow: %v", name, rv.ID, err)
 	}
 	e.cfg.Log.Info("current version set", "function", name, "version", rv.ID)
-	return c.landed(ctx, f, name, rv), nil
+	return c.landed(ctx, f, name, rv, rec), nil
 }
 
 // Unlabel takes label off name's versions but the current one

@@ -142,6 +142,21 @@ func (g Registry) getTagged(ctx context.Context, name string) (*api.Record, obje
 		if !errors.Is(err, objectstore.ErrPrecondition) || attempt == casAttempts {
 			return r, in, err
 		}
+		if err := backoff(ctx, attempt); err != nil {
+			return nil, objectstore.Info{}, err
+		}
+	}
+}
+
+// backoff waits a little (jittered, longer each attempt) before a read
+// again after a lost race: an update's rounds each read up to
+// casAttempts times, and without a wait all of them at once.
+func backoff(ctx context.Context, attempt int) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(time.Duration(1+rand.IntN(5*(attempt+1))) * time.Millisecond):
+		return nil
 	}
 }
 
@@ -252,11 +267,9 @@ func (g Registry) update(ctx context.Context, name string, change func(*api.Reco
 		if !errors.Is(err, objectstore.ErrPrecondition) {
 			return nil, fmt.Errorf("function %s: write record: %w", name, err)
 		}
-		// Lost the race: back off a little (jittered) and read again.
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(time.Duration(1+rand.IntN(5*(attempt+1))) * time.Millisecond):
+		// Lost the race: back off a little and read again.
+		if err := backoff(ctx, attempt); err != nil {
+			return nil, err
 		}
 	}
 	return nil, fmt.Errorf("function %s: %w", name, ErrConflict)
