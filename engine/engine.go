@@ -223,7 +223,7 @@ func New(cfg Config) (*Engine, error) {
 				PolicyName: cfg.Sched.Policy, Recent: cfg.Sched.ReserveHold, Capacity: device.SharedTime(d.Target())})
 		}
 	}
-	e.io = newIO(e, cfg.Sched)
+	e.io = newIO(e, cfg.Sched, func(name string) bool { return e.Flooding(name, sched.DefaultOverlap) })
 	return e, nil
 }
 

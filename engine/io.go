@@ -16,8 +16,9 @@ import (
 
 // newIO makes the node's I/O shares: scheduled unless the device
 // schedulers are off (plover serve --sched off moves bytes as they come),
-// with a slot kept for light functions unless the devices keep none.
-func newIO(e *Engine, sc SchedConfig) *ioshare.Shares {
+// with a slot kept for light functions unless the devices keep none, and
+// none by the touches of a function flooding its devices (flooding).
+func newIO(e *Engine, sc SchedConfig, flooding func(name string) bool) *ioshare.Shares {
 	cfg := sc.IO
 	cfg.Off = cfg.Off || sc.Off
 	cfg.NoReserve = cfg.NoReserve || sc.NoReserve
@@ -29,7 +30,7 @@ func newIO(e *Engine, sc SchedConfig) *ioshare.Shares {
 	}
 	cfg.Charge = e.chargeIO
 	if cfg.Flooding == nil {
-		cfg.Flooding = func(name string) bool { return e.Flooding(name, sched.DefaultOverlap) }
+		cfg.Flooding = flooding
 	}
 	return ioshare.New(cfg)
 }
