@@ -65,7 +65,16 @@ func (p *proc) readOutput(r *os.File, stream string) {
 		}
 		text := string(bytes.TrimSuffix(b, nl))
 		cut := 0
+		// A line's rest past api.LogLineMax costs a line of the budget
+		// each api.LogLineMax bytes, and past the budget it is dropped
+		// with the lines after it: a line that never ended was read
+		// whole, at the server's weight, billed to nobody.
+		over := false
 		for err == bufio.ErrBufferFull {
+			if p.d.opts.Output == nil && !p.lines.take(time.Now()) {
+				over = true
+				break
+			}
 			b, err = br.ReadSlice('\n')
 			cut += len(bytes.TrimSuffix(b, nl))
 		}
@@ -76,14 +85,20 @@ func (p *proc) readOutput(r *os.File, stream string) {
 		}
 		now := time.Now()
 		switch {
-		case rest: // counted with the drop
+		case rest && !over: // counted with the drop
 			rest = false
-		case p.d.opts.Output != nil || p.lines.take(now): // plover run: the author's own terminal
+		case !over && (p.d.opts.Output != nil || p.lines.take(now)): // plover run: the author's own terminal
 			p.output(api.LogLine{Time: now, Stream: stream, PID: p.pid, Line: text, Truncated: cut})
 		default:
 			n, midLine, tail, serr := skipOutput(src, br, p.lines.readyAt(now))
 			kept := lastLines(tail, outputResume)
-			n += 1 - len(kept) // the line that began the drop; the tail's are passed on
+			n -= len(kept) // the tail's are passed on
+			switch {
+			case !over:
+				n++ // the line that began the drop, read whole
+			case rest:
+				n-- // its end, which the drop counts, was counted with the drop before
+			}
 			if midLine {
 				n++
 			}

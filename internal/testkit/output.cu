@@ -78,3 +78,23 @@ PLOVER_ENTRY(say_then_spin) {
   for (volatile int x = 0;; x++) {
   }
 }
+
+// long_line: grid MiB of 'z' on stdout with no newline between (one line,
+// written 64 KiB at a time past stdio), then "\nlong line done\n".
+PLOVER_ENTRY(long_line) {
+  (void)block;
+  static char chunk[65536];
+  memset(chunk, 'z', sizeof chunk);
+  fflush(stdout);
+  for (int i = 0; i < grid * 16; i++) {
+    for (size_t off = 0; off < sizeof chunk;) {
+      ssize_t w = write(1, chunk + off, sizeof chunk - off);
+      if (w <= 0) break;
+      off += (size_t)w;
+    }
+  }
+  static const char done[] = "\nlong line done\n";
+  if (write(1, done, sizeof done - 1) < 0) {
+  }
+  echo_input(s);
+}
