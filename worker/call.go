@@ -128,6 +128,19 @@ func (p *proc) callTurn(ctx context.Context, bound time.Duration, g *program, c 
 	return append([]byte(nil), p.buf[:n]...), nil
 }
 
+// reply decodes raw, g's worker's answer to op while during. One that
+// does not decode ends the worker, as any message out of protocol does:
+// it was an invalid-input error naming no function, and the worker served
+// on.
+func (g *program) reply(op byte, raw []byte, during string) (wire.Reply, error) {
+	rep, err := wire.DecodeControlReply(op, raw)
+	if err != nil {
+		g.p.killFor(g, fmt.Sprintf("it sent a malformed reply while %s (%v)", during, err))
+		return rep, g.lost(during)
+	}
+	return rep, nil
+}
+
 // pending reports whether a message waits on the control channel (an
 // empty one too), without reading it.
 func (p *proc) pending() bool {

@@ -455,7 +455,7 @@ func (g *program) load(ctx context.Context, bound time.Duration, mj []byte) (wir
 	raw, err := g.p.callTurn(ctx, bound, g, wire.Control{Op: wire.OpLoad, Prog: g.id, Prefix: g.prefix, Manifest: mj}, nil, "loading the bundle")
 	var rep wire.Reply
 	if err == nil {
-		rep, err = wire.DecodeControlReply(wire.OpLoad, raw)
+		rep, err = g.reply(wire.OpLoad, raw, "loading the bundle")
 	}
 	return rep, err
 }

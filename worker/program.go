@@ -121,6 +121,9 @@ func (g *program) Entry(kernel string) (int32, error) {
 	return g.EntryContext(context.Background(), kernel)
 }
 
+// maxEntries bounds the entry points a program keeps resolved.
+const maxEntries = 256
+
 // entryBound bounds an entry lookup once the control channel is its turn:
 // a dlsym, unless the bundle's IFUNC resolver hangs.
 const entryBound = 10 * time.Second
@@ -151,16 +154,23 @@ func (g *program) EntryContext(ctx context.Context, kernel string) (int32, error
 	if err != nil {
 		return 0, err
 	}
-	rep, err := wire.DecodeControlReply(wire.OpEntry, raw)
-	if err != nil {
-		return 0, fmt.Errorf("worker %d: malformed entry reply", g.p.pid)
-	}
-	if rep.St != wire.StOK {
+	rep, err := g.reply(wire.OpEntry, raw, "resolving an entry point")
+	switch {
+	case err != nil:
+		return 0, err
+	case rep.St == wire.StFault: // the context was faulted (a sibling's kernel): the worker goes
+		return 0, g.faulted(rep.Text, "resolving an entry point")
+	case rep.St != wire.StOK:
 		return 0, wire.ErrorOf(rep.St, rep.Text)
 	}
 	i = rep.Index
 	g.mu.Lock()
-	g.entries[kernel] = i
+	// Bounded: the names are clients' (chain overrides), and a worker
+	// running bundle code may vouch for any; past the bound each is
+	// looked up again.
+	if len(g.entries) < maxEntries {
+		g.entries[kernel] = i
+	}
 	g.mu.Unlock()
 	return i, nil
 }
@@ -206,7 +216,7 @@ func (g *program) NewInstance(cfg device.InstanceConfig) (device.Instance, error
 	unix.Close(fds[1])
 	var rep wire.Reply
 	if err == nil {
-		rep, err = wire.DecodeControlReply(wire.OpNewInstance, raw)
+		rep, err = g.reply(wire.OpNewInstance, raw, "creating an instance")
 	}
 	replied := err == nil // a refusal unmapped the slot before it was sent
 	switch {
@@ -341,7 +351,7 @@ func (g *program) unloadShared() {
 	raw, err := g.p.callTurn(ctx, unloadBound, g, wire.Control{Op: wire.OpUnload, Prog: g.id}, nil, "unloading a program")
 	var rep wire.Reply
 	if err == nil {
-		rep, err = wire.DecodeControlReply(wire.OpUnload, raw)
+		rep, err = g.reply(wire.OpUnload, raw, "unloading a program")
 	}
 	if err == nil && rep.St != wire.StOK {
 		err = wire.ErrorOf(rep.St, rep.Text)

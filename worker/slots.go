@@ -185,7 +185,7 @@ func (g *program) dropDiscarded(s *poolSlot) {
 	raw, err := g.p.callTurn(ctx, dropBound, g, wire.Control{Op: wire.OpDropSlot, Prog: g.id, Slot: s.id}, nil, "dropping a discarded slot")
 	var rep wire.Reply
 	if err == nil {
-		rep, err = wire.DecodeControlReply(wire.OpDropSlot, raw)
+		rep, err = g.reply(wire.OpDropSlot, raw, "dropping a discarded slot")
 	}
 	if err == nil && rep.St != wire.StOK {
 		err = wire.ErrorOf(rep.St, rep.Text)
@@ -320,10 +320,9 @@ func (g *program) newPoolSlot(maxIn, out int64) (*poolSlot, error) {
 	// was answered with a refusal.
 	unheld := errors.Is(err, device.ErrNotStarted)
 	if err == nil {
-		var bad error
-		if rep, bad = wire.DecodeControlReply(wire.OpSlot, raw); bad != nil || rep.St != wire.StOK {
+		if rep, err = g.reply(wire.OpSlot, raw, "adding a slot"); err == nil && rep.St != wire.StOK {
 			err = fmt.Errorf("worker %d refused a slot: %q", g.p.pid, raw)
-			unheld = bad == nil
+			unheld = true
 		}
 	}
 	if err != nil {
