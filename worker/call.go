@@ -74,7 +74,7 @@ func (p *proc) callTurn(ctx context.Context, bound time.Duration, g *program, c 
 	defer p.cpu.calling(p, -1)
 	defer func() {
 		if p.tenant != nil {
-			g.callEnded.Store(time.Now().UnixNano())
+			g.callEnded.Store(monoNow())
 		}
 		p.mu.Lock()
 		p.ctlBusy, p.callingProg = false, nil

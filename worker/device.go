@@ -183,7 +183,7 @@ func (d *Device) Health() error {
 	}
 	// It lapses a while after the last failure, so that a request (or the
 	// standby pool) tries a worker again and a recovered device comes back.
-	if n := d.startFailures.Load(); n >= startFailureLimit && time.Since(time.Unix(0, d.lastStartFail.Load())) < startFailureHold {
+	if n := d.startFailures.Load(); n >= startFailureLimit && monoSince(d.lastStartFail.Load()) < startFailureHold {
 		why, _ := d.lastStartErr.Load().(string)
 		return fmt.Errorf("%s: %w: the last %d workers could not open it: %s", d.Name(), device.ErrUnhealthy, n, why)
 	}

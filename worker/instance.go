@@ -460,7 +460,7 @@ func (g *program) runStart() {
 
 func (g *program) runEnd() {
 	if g.p.tenant != nil {
-		g.runEnded.Store(time.Now().UnixNano())
+		g.runEnded.Store(monoNow())
 		g.runs.Add(-1)
 	}
 	g.p.runs.Add(-1)

@@ -327,7 +327,7 @@ func (p *proc) awaitReady(ctx context.Context) error {
 		}
 		err := p.startFailure()
 		d.lastStartErr.Store(err.Error())
-		d.lastStartFail.Store(time.Now().UnixNano())
+		d.lastStartFail.Store(monoNow())
 		d.startFailures.Add(1)
 		return err
 	}

@@ -133,7 +133,7 @@ func (p *proc) awaitEnd(fd int, n int64, done func()) {
 var releaseGrace = 500 * time.Millisecond
 
 // released marks memory seen back now (see releaseGrace).
-func (d *Device) released() { d.lastRelease.Store(time.Now().UnixNano()) }
+func (d *Device) released() { d.lastRelease.Store(monoNow()) }
 
 // WaitFree waits until room() bytes of the device are free as its driver
 // counts them (Options.Base's MemInfo) while they may yet come: while what
@@ -148,7 +148,7 @@ func (d *Device) WaitFree(ctx context.Context, room func() int64) error {
 	for wait := time.Millisecond; ; wait = min(2*wait, 20*time.Millisecond) {
 		need := room()
 		f, r := d.opts.Base.MemInfo().Free, d.returning.Load()
-		recent := time.Since(time.Unix(0, d.lastRelease.Load())) < releaseGrace
+		recent := monoSince(d.lastRelease.Load()) < releaseGrace
 		if f >= need || !(r > 0 && f+r >= need || recent) {
 			return nil // the room is there, or not coming: the allocation tells
 		}

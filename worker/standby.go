@@ -16,7 +16,7 @@ import (
 type standbyDemand struct {
 	min, max int
 	mu       sync.Mutex
-	sec      [standbyWindow]int64 // the Unix second each count is for
+	sec      [standbyWindow]int64 // the second (monoOf) each count is for
 	n        [standbyWindow]int
 }
 
@@ -27,8 +27,8 @@ const standbyWindow = 60
 // took records a worker taken from the pool (or started because it was
 // empty) at now.
 func (s *standbyDemand) took(now time.Time) {
-	t := now.Unix()
-	i := t % standbyWindow
+	t := monoOf(now) / int64(time.Second) // a wall clock stepped back held the peak as long
+	i := (t%standbyWindow + standbyWindow) % standbyWindow
 	s.mu.Lock()
 	if s.sec[i] != t {
 		s.sec[i], s.n[i] = t, 0
@@ -39,7 +39,7 @@ func (s *standbyDemand) took(now time.Time) {
 
 // target is how many standby workers to keep at now.
 func (s *standbyDemand) target(now time.Time) int {
-	t := now.Unix()
+	t := monoOf(now) / int64(time.Second)
 	peak := 0
 	s.mu.Lock()
 	for i, sec := range s.sec {

@@ -14,7 +14,8 @@ import (
 // The pool is sized by the busiest second of the last minute, between its
 // floor and its ceiling.
 func TestStandbyDemand(t *testing.T) {
-	t0 := time.Unix(1_000_000, 0)
+	// At a second of the monotonic clock the pool goes by (monoOf).
+	t0 := monoBase.Add(time.Duration(monoNow()/int64(time.Second)+1) * time.Second)
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
 	for _, tc := range []struct {
 		name  string

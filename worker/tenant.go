@@ -371,7 +371,7 @@ func (p *proc) unloaded(g *program) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.tenant.leaving[g] = false
-	p.forget(time.Now().Add(-outputGrace).UnixNano())
+	p.forget(monoNow() - int64(outputGrace))
 }
 
 // forget drops from leaving the programs unloaded that wrote nothing
@@ -648,7 +648,7 @@ const outputGrace = 50 * time.Millisecond
 // fini or an unload hook that prints past outputGrace. False when p has
 // no program to give it to (a standby's line).
 func (p *proc) tenantOutput(l api.LogLine) bool {
-	recent := l.Time.Add(-outputGrace).UnixNano()
+	recent := monoOf(l.Time) - int64(outputGrace)
 	p.mu.Lock()
 	var to *program
 	active, one := 0, true
@@ -707,7 +707,7 @@ func (g *program) mayHaveSaid(recent int64) bool {
 // that prints is g's (tenantOutput).
 func (g *program) instanceClosed() {
 	if g.p.tenant != nil {
-		g.instClosed.Store(time.Now().UnixNano())
+		g.instClosed.Store(monoNow())
 	}
 }
 

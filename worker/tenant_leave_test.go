@@ -66,7 +66,7 @@ func quiet(t *testing.T, progs ...*program) {
 	t.Helper()
 	waitFor(t, "the programs' output grace to pass", func() bool {
 		for _, g := range progs {
-			if time.Since(time.Unix(0, max(g.callEnded.Load(), g.runEnded.Load()))) <= outputGrace {
+			if monoSince(max(g.callEnded.Load(), g.runEnded.Load())) <= outputGrace {
 				return false
 			}
 		}

@@ -398,7 +398,7 @@ func TestTenantOutputAttribution(t *testing.T) {
 	slow := loadFor(t, d, "t", "", ms, s.Sink("slow"))
 	// Until outputGrace after slow's load, a line may be its constructors'.
 	waitFor(t, "slow's load's grace to pass", func() bool {
-		return time.Since(time.Unix(0, slow.(*program).callEnded.Load())) > outputGrace
+		return monoSince(slow.(*program).callEnded.Load()) > outputGrace
 	})
 	if err := runOnce(t, talker, mt, []byte("alone"), 10*time.Second); err != nil {
 		t.Fatal(err)

@@ -40,7 +40,7 @@ func (g *program) busyNow() {
 // touch marks g busy from now (a load of it began or ended: a load may
 // outlast a window, queued behind a sibling's and then up to its bound).
 func (g *program) touch() {
-	g.busyAt.Store(time.Now().UnixNano())
+	g.busyAt.Store(monoNow())
 	if g.busy.CompareAndSwap(false, true) {
 		g.p.tenant.poke()
 	}
@@ -103,7 +103,7 @@ func (p *proc) reweigh(now time.Time) (busy, changed bool) {
 		// lowers runs, so a count of 0 comes with its end's time.
 		runs := g.runs.Load()
 		last := max(g.busyAt.Load(), g.runEnded.Load())
-		if runs == 0 && now.Sub(time.Unix(0, last)) >= p.tenant.window {
+		if runs == 0 && time.Duration(monoOf(now)-last) >= p.tenant.window {
 			g.busy.Store(false)
 			// A run that began meanwhile saw busy set and woke no one
 			// (its count went up before its load of busy), and one may
