@@ -333,7 +333,7 @@ func (p *proc) awaitReady(ctx context.Context) error {
 	}
 	d.startFailures.Store(0)
 	if d.opts.Landlock && !ready.Landlocked && d.landlockLogged.CompareAndSwap(false, true) {
-		d.opts.Log.Warn("this kernel has no Landlock: workers can read whatever their uid can and signal processes of their uid; run the server as root so that workers get a uid of their own (--worker-user)")
+		d.opts.Log.Warn("this kernel has no Landlock: workers can read and write whatever their uid can (the bundle cache, the data directory) and signal processes of their uid; run the server as root so that workers get a uid of their own (--worker-user)")
 	}
 	if !ready.Filtered && d.filterLogged.CompareAndSwap(false, true) {
 		// The filter is what refuses a worker every socket family but
