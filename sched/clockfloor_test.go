@@ -133,3 +133,100 @@ func TestARunningFloodHoldsTheClock(t *testing.T) {
 		t.Errorf("g (share 1, woke beside f's flood at share 1) had %d of 600 runs (clock %.4g, f's tag %.4g)", runs["g"], w.vnow[Default], w.state(f).tag)
 	}
 }
+
+// A function's flow is made (weight 1, Default) and at once set to its
+// manifest's share and class (engine: kept, weighFlows): it starts at its
+// class's clock. Made there by state, Reweighed took the gap to the
+// Default clock for a lead and put a new latency function that far ahead
+// (0 of 200 runs beside a latency flood; a review of f3aa900 found it).
+func TestAFlowPlacedInAnotherClassStartsAtItsClock(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 1, Clock: clk})
+	w := s.pol.(*WFQ)
+	lat := s.Flow("lat")
+	lat.Set(1, Latency)
+	w.vnow[Latency] = 1e11 // 100 s of latency device time at share 1
+	w.state(lat).tag = 1e11
+	nw := s.Flow("new")
+	nw.Set(1, Latency)
+	if got := w.state(nw).tag; got != w.vnow[Latency] {
+		t.Errorf("fresh flow set to Latency: tag %.4g, clock %.4g (ahead by %.4g ns of device time)", got, w.vnow[Latency], got-w.vnow[Latency])
+	}
+	bg := context.Background()
+	cur, _, _ := lat.Admit(bg, time.Time{}, nil)
+	cLat := admitAsync(lat, bg, time.Time{}, nil)
+	waitFor(t, "lat queued", func() bool { return lat.queued() == 1 })
+	cNew := admitAsync(nw, bg, time.Time{}, nil)
+	waitFor(t, "new queued", func() bool { return nw.queued() == 1 })
+	runs := map[string]int{}
+	for i := 0; i < 200; i++ {
+		clk.Advance(time.Millisecond)
+		cur.Done()
+		select {
+		case r := <-cLat:
+			runs["lat"]++
+			cur = r.t
+			cLat = admitAsync(lat, bg, time.Time{}, nil)
+			waitFor(t, "lat queued", func() bool { return lat.queued() == 1 })
+		case r := <-cNew:
+			runs["new"]++
+			cur = r.t
+			cNew = admitAsync(nw, bg, time.Time{}, nil)
+			waitFor(t, "new queued", func() bool { return nw.queued() == 1 })
+		case <-time.After(5 * time.Second):
+			t.Fatal("nothing admitted")
+		}
+	}
+	if runs["new"] < 50 {
+		t.Errorf("a latency function placed beside a latency flood had %d of 200 runs", runs["new"])
+	}
+}
+
+// One long run in flight (a 10-minute request) does not hold its class's
+// clock where it started: counted at its tag alone (floor), it did, the
+// flow running beside it moved ahead, and a function that woke then took
+// every run until it caught up (0 of 600 for the flow; a review of
+// f3aa900 found it).
+func TestALongRunDoesNotHoldTheClock(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 2, Clock: clk})
+	long, f, g := s.Flow("long"), s.Flow("f"), s.Flow("g")
+	bg := context.Background()
+	long.Admit(bg, time.Time{}, nil) // never ends in this test
+	// f alone on the other slot for 60 s of 1 ms runs.
+	for i := 0; i < 60000; i++ {
+		tk, _, err := f.Admit(bg, time.Time{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(time.Millisecond)
+		tk.Done()
+	}
+	cur, _, _ := f.Admit(bg, time.Time{}, nil)
+	cf := admitAsync(f, bg, time.Time{}, nil)
+	waitFor(t, "f queued", func() bool { return f.queued() == 1 })
+	cg := admitAsync(g, bg, time.Time{}, nil)
+	waitFor(t, "g queued", func() bool { return g.queued() == 1 })
+	runs := map[string]int{}
+	for i := 0; i < 600; i++ {
+		clk.Advance(time.Millisecond)
+		cur.Done()
+		select {
+		case r := <-cf:
+			runs["f"]++
+			cur = r.t
+			cf = admitAsync(f, bg, time.Time{}, nil)
+			waitFor(t, "f queued", func() bool { return f.queued() == 1 })
+		case r := <-cg:
+			runs["g"]++
+			cur = r.t
+			cg = admitAsync(g, bg, time.Time{}, nil)
+			waitFor(t, "g queued", func() bool { return g.queued() == 1 })
+		case <-time.After(5 * time.Second):
+			t.Fatal("nothing admitted")
+		}
+	}
+	if runs["f"] < 150 {
+		t.Errorf("f (share 1, backlogged) had %d of 600 runs beside g, which woke while a long run held the clock", runs["f"])
+	}
+}

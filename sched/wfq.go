@@ -96,7 +96,7 @@ func (w *WFQ) Woke(f *Flow, now time.Time) {
 func (w *WFQ) Started(f *Flow, now time.Time) float64 {
 	st := w.state(f)
 	c := f.Class()
-	w.vnow[c] = math.Max(w.vnow[c], math.Min(st.tag, w.floor(f)))
+	w.vnow[c] = math.Max(w.vnow[c], math.Min(st.tag, w.floor(f, now)))
 	if w.vnow[c] >= 2*vQuantum {
 		// Every clock and tag moves back alike (one base); a clock left
 		// more than a quantum behind is where such tags are (state).
@@ -126,8 +126,11 @@ func (w *WFQ) Started(f *Flow, now time.Time) float64 {
 // ones count too: a flood with every run in flight and none queued is
 // still busy, and a low-share light function's runs in its kept slot
 // dragged the clock past it, by a second of virtual time per 10 ms run
-// at share 0.01, without bound.
-func (w *WFQ) floor(f *Flow) float64 {
+// at share 0.01, without bound. A run in flight counts at what it has had
+// so far past its charge: counted where it started, one 10-minute run
+// held its class's clock for its length, and a flow that woke meanwhile
+// took every run from the flows that had run beside it.
+func (w *WFQ) floor(f *Flow, now time.Time) float64 {
 	least := math.Inf(1)
 	if f.s == nil {
 		return least
@@ -139,7 +142,8 @@ func (w *WFQ) floor(f *Flow) float64 {
 	}
 	for _, r := range f.s.running { // at most MaxRuns
 		if g := r.f; g != nil && g != f && g.Class() == f.Class() {
-			least = math.Min(least, w.state(g).tag)
+			had := float64(now.Sub(r.start)) / g.Weight()
+			least = math.Min(least, w.state(g).tag+math.Max(0, had-r.charged))
 		}
 	}
 	return least
@@ -204,6 +208,13 @@ const maxAhead = time.Second
 // takes back exactly what the tag holds of it, wherever the clock stands
 // (another flow's start may have moved it into their charges).
 func (w *WFQ) Reweighed(f *Flow, old float64, oldClass Class, inflight float64, now time.Time) float64 {
+	if f.PolicyData == nil {
+		// A flow made and set at once (a function's first placement):
+		// it starts at its class's clock (state), with no lead over
+		// the class it was made in to convert, nor runs in flight.
+		w.state(f)
+		return 1
+	}
 	st := w.state(f)
 	k := old / f.Weight()
 	base := st.tag - inflight
