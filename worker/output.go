@@ -90,7 +90,7 @@ func (p *proc) readOutput(r *os.File, stream string) {
 		case !over && (p.d.opts.Output != nil || p.lines.take(now)): // plover run: the author's own terminal
 			p.output(api.LogLine{Time: now, Stream: stream, PID: p.pid, Line: text, Truncated: cut})
 		default:
-			n, midLine, tail, serr := skipOutput(src, br, p.lines.readyAt(now))
+			n, midLine, tail, serr := skipOutput(src, br, p.lines.readyAt(now), over)
 			kept := lastLines(tail, outputResume)
 			n -= len(kept) // the tail's are passed on
 			switch {
@@ -131,11 +131,22 @@ func (p *proc) readOutput(r *os.File, stream string) {
 // about what the worker spent writing them, not a line's work each. It
 // stops at a line's end where it can (the bytes after it go back to br);
 // midLine says it stopped within a line, whose rest the caller drops. It
-// returns the lines it dropped, each counted at its end.
-func skipOutput(src *outputSource, br *bufio.Reader, until time.Time) (lines int, midLine bool, tail []byte, err error) {
+// returns the lines it dropped, each counted at its end. inLine: it
+// begins within a line (an over-long one), whose rest it counts as one
+// and keeps none of in tail: it is no whole line.
+func skipOutput(src *outputSource, br *bufio.Reader, until time.Time, inLine bool) (lines int, midLine bool, tail []byte, err error) {
 	r := src.r
+	midLine = inLine
+	headless := inLine
 	// tail is the last tailKeep bytes dropped, ending at a line's end.
 	keep := func(b []byte) {
+		if headless {
+			i := bytes.IndexByte(b, '\n')
+			if i < 0 {
+				return
+			}
+			b, headless = b[i+1:], false
+		}
 		tail = append(tail, b...)
 		if len(tail) > 2*tailKeep {
 			tail = append(tail[:0:0], tail[len(tail)-tailKeep:]...)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -452,5 +453,61 @@ func TestAnUnendingLineIsWithinTheBudget(t *testing.T) {
 			t.Fatalf("the output's last line %.60q, want %q; %d passed on, %d counted dropped", last, "long line done", passed, report)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A drop that begins within an over-long line (the budget ran out while
+// its rest was read) counts that line once and passes none of it on,
+// whatever comes after: its end in the drop's first read, or after the
+// drop ended (a pause past the budget's refill). The drop took its rest
+// for a whole line: it counted 0 (or -1 for a line a drop before began)
+// and passed the rest on as a line of its own (a review's trace).
+func TestAnOverLongLineDroppedMidwayIsCountedOnce(t *testing.T) {
+	long := strings.Repeat("a", api.LogLineMax)
+	for _, tc := range []struct {
+		name   string
+		writes []string      // written in turn to the worker's stream
+		pause  time.Duration // between the writes
+		passed []string      // the lines passed on besides the report
+	}{
+		{"its end in the drop", []string{long + strings.Repeat("b", 100) + "\nnext\n"}, 0, []string{"next"}},
+		{"its end after the drop", []string{long + "x", "\nnext\n"}, 1500 * time.Millisecond, []string{"next"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := &countedOutput{}
+			p := &proc{d: &Device{}, pid: 1}
+			p.out.Store(&output{out})
+			p.lines.take(time.Now())
+			p.lines.mu.Lock()
+			p.lines.tokens = 0 // spent: the next line's rest goes to a drop
+			p.lines.mu.Unlock()
+			done := make(chan struct{})
+			go func() { defer close(done); p.readOutput(r, "stdout") }()
+			for i, s := range tc.writes {
+				if i > 0 {
+					time.Sleep(tc.pause)
+				}
+				if _, err := w.WriteString(s); err != nil {
+					t.Fatal(err)
+				}
+			}
+			w.Close()
+			<-done
+			out.mu.Lock()
+			defer out.mu.Unlock()
+			var passed []string
+			for _, l := range out.lines {
+				if !notKept.MatchString(l.Line) {
+					passed = append(passed, l.Line)
+				}
+			}
+			if out.report != 1 || !slices.Equal(passed, tc.passed) {
+				t.Errorf("%d lines counted dropped and %q passed on, want 1 and %q", out.report, passed, tc.passed)
+			}
+		})
 	}
 }
