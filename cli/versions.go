@@ -131,6 +131,9 @@ func rollbackCmd() *command {
 				// and the version checked is the one made current (a label
 				// resolved again could name one deployed since).
 				ref := args[1]
+				if ref == "" {
+					return fmt.Errorf("rollback %s: give a version id, a prefix of 8 or more characters, or a label (plover versions %s)", args[0], args[0])
+				}
 				if rec, err := reg.Get(context.Background(), args[0]); err == nil {
 					if pv, err := pipedef.Pick(rec, args[1]); err == nil {
 						if pv.IsPipeline() {

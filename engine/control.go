@@ -359,7 +359,7 @@ func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 	case errors.Is(err, registry.ErrBundlesKept):
 		// The record is gone, so the function is: the bundles left are
 		// gc's, not the caller's to retry (a retry answers 404).
-		e.cfg.Log.Warn("deleted, but its bundles were kept for gc", "function", name, "err", err)
+		e.cfg.Log.Warn("deleted, with bundles kept for gc", "function", name, "err", err)
 	case errors.Is(err, registry.ErrNoFunction):
 		return notFound(name, err, "")
 	case err != nil:
@@ -546,7 +546,7 @@ func (c *Control) GC(ctx context.Context, grace time.Duration) ([]string, error)
 	removed, err := e.tab.reg.GC(ctx, grace)
 	if errors.Is(err, registry.ErrBundlesKept) {
 		// Not the store's failure: a later gc may delete them.
-		return removed, errorf(errdefs.KindUnavailable, err, "%s (%d deleted): run gc again", err.Error(), len(removed))
+		return removed, errorf(errdefs.KindUnavailable, err, "%s", err.Error())
 	}
 	if err != nil {
 		return removed, unavailable(err, "gc: store unavailable")

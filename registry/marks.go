@@ -130,7 +130,7 @@ func (g Registry) deleteUnused(ctx context.Context, keys []string, grace time.Du
 	if named == nil {
 		// A record that no longer decodes may name any of them (it
 		// decoded at the caller's listing).
-		return nil, fmt.Errorf("%w: a record that cannot be decoded may name them", ErrBundlesKept)
+		return nil, fmt.Errorf("%w: a record that cannot be decoded may name them (the server log names it: function record passed over; plover rm it)", ErrBundlesKept)
 	}
 	readAt := time.Now()
 	dctx, cancel := context.WithDeadline(ctx, marked.Add(deleteBound))
@@ -158,8 +158,8 @@ func (g Registry) deleteUnused(ctx context.Context, keys []string, grace time.Du
 			if dctx.Err() != nil && ctx.Err() == nil {
 				// Past its bound (a deploy waits on a mark no longer):
 				// it and the rest are kept for a later gc, and said so.
-				return deleted, fmt.Errorf("%w: %d %s, the deletes past their bound of %s since marking them (the records took %s to read)",
-					ErrBundlesKept, len(keys)-len(deleted), plural(len(keys)-len(deleted), "bundle", "bundles"), deleteBound, readAt.Sub(marked).Round(time.Millisecond))
+				return deleted, fmt.Errorf("%d %w: their deletes ran past their bound of %s since marking them (the records took %s to read)",
+					len(keys)-len(deleted), ErrBundlesKept, deleteBound, readAt.Sub(marked).Round(time.Millisecond))
 			}
 			return deleted, err
 		}

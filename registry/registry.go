@@ -566,7 +566,7 @@ func (g Registry) SetCurrent(ctx context.Context, name, versionID string) (api.V
 // ErrBundlesKept is returned (wrapped) by Delete when the record is deleted
 // (the function is gone) but a bundle only it named could not be checked
 // or removed: gc removes it later.
-var ErrBundlesKept = errors.New("its bundles were kept for gc")
+var ErrBundlesKept = errors.New("bundles kept for a later gc")
 
 // ErrNoVersion is returned (wrapped) for a version a record does not list.
 var ErrNoVersion = errors.New("no such version")
@@ -663,6 +663,9 @@ func (g Registry) GC(ctx context.Context, grace time.Duration) ([]string, error)
 		// record naming it) since the listing, while others were deleted.
 		deleted, err := g.deleteUnused(ctx, b, grace)
 		removed = append(removed, deleted...)
+		if errors.Is(err, ErrBundlesKept) {
+			return removed, fmt.Errorf("gc deleted %d %s, %w: run gc again", len(removed), plural(len(removed), "bundle", "bundles"), err)
+		}
 		if err != nil {
 			return removed, fmt.Errorf("gc: %w", err)
 		}

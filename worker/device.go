@@ -126,7 +126,7 @@ type Device struct {
 	filterLogged   atomic.Bool  // "no seccomp filters", said once
 	startFailures  atomic.Int32 // workers in a row that exited before ready
 	lastStartErr   atomic.Value // string: the last one's reason
-	lastStartFail  atomic.Int64 // when (Unix ns)
+	lastStartFail  atomic.Int64 // when (monoNow)
 
 	own ownWorkers // TenantScope: which bundles run in a worker of their own (alone.go)
 }
