@@ -94,8 +94,6 @@ func checkDirect(reg registry.Registry, dir string, m *abi.Manifest, force bool)
 				return []string{ue.Forced()}, nil
 			}
 			return nil, fmt.Errorf("deploy %s: %w: redeploy the pipelines named first, or deploy with --force and let their requests fail", m.Name, err)
-		} else if err != nil {
-			return nil, fmt.Errorf("deploy %s: %w", m.Name, err)
 		}
 		return nil, nil
 	}

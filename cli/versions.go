@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/pipedef"
+	"github.com/plover-run/plover/registry"
 )
 
 // progressThreshold: uploads above it show a progress bar on a terminal.
@@ -134,7 +136,15 @@ func rollbackCmd() *command {
 				if ref == "" {
 					return fmt.Errorf("rollback %s: give a version id, a prefix of 8 or more characters, or a label (plover versions %s)", args[0], args[0])
 				}
-				if rec, err := reg.Get(context.Background(), args[0]); err == nil {
+				rec, err := reg.Get(context.Background(), args[0])
+				if err != nil && !errors.Is(err, registry.ErrNoFunction) {
+					// Fail closed, as a server does: unchecked, a
+					// rollback could make current a pipeline that breaks.
+					return fmt.Errorf("rollback %s: reading its record: %w", args[0], err)
+				}
+				if err == nil {
+					// No such version, or an ambiguous prefix: SetCurrent's
+					// to refuse in its own words.
 					if pv, err := pipedef.Pick(rec, args[1]); err == nil {
 						if pv.IsPipeline() {
 							if err := checkSteps(reg, args[0], pv.Steps); err != nil {

@@ -636,8 +636,10 @@ func (s *S3) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifM
 			return e // a missing bucket is no lost race
 		}
 		if resp := minio.ToErrorResponse(err); ifMatch != "" && (resp.Code == "NoSuchKey" || resp.StatusCode == 404) {
-			// MinIO answers so for a bucket deleted a moment ago too
-			// (seen in CI): a missing bucket is no lost race.
+			// A store could answer so for a bucket deleted a moment ago
+			// (a CI failure once looked like it; more likely a force
+			// delete finishing late): asked, a missing bucket is no
+			// lost race.
 			if ok, berr := s.bucketThere(ctx); berr == nil && !ok {
 				return s.noBucket("put", key)
 			}

@@ -2,6 +2,7 @@ package sched
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -28,34 +29,13 @@ func TestAFlowCreatedAfterTheClockMovedBackStartsAtIt(t *testing.T) {
 	tk, _, _ = lat.Admit(context.Background(), time.Time{}, nil)
 	clk.Advance(time.Millisecond)
 	tk.Done()
-	bg := context.Background()
-	cur, _, _ := old.Admit(bg, time.Time{}, nil) // old backlogged from here on
-	cOld := admitAsync(old, bg, time.Time{}, nil)
-	waitFor(t, "old queued", func() bool { return old.queued() == 1 })
-	nw := s.Flow("new") // a function deployed now, same share and class
-	cNew := admitAsync(nw, bg, time.Time{}, nil)
-	waitFor(t, "new queued", func() bool { return nw.queued() == 1 })
-	runs := map[string]int{}
-	for i := 0; i < 200; i++ {
-		clk.Advance(time.Millisecond)
-		cur.Done()
-		select {
-		case r := <-cOld:
-			runs["old"]++
-			cur = r.t
-			cOld = admitAsync(old, bg, time.Time{}, nil)
-			waitFor(t, "old queued", func() bool { return old.queued() == 1 })
-		case r := <-cNew:
-			runs["new"]++
-			cur = r.t
-			cNew = admitAsync(nw, bg, time.Time{}, nil)
-			waitFor(t, "new queued", func() bool { return nw.queued() == 1 })
-		case <-time.After(5 * time.Second):
-			t.Fatal("nothing admitted")
-		}
-	}
-	if runs["new"] < 50 {
-		t.Errorf("a function deployed after the clock moved back had %d of 200 runs beside an equal-share neighbour (%d; tags %.4g and %.4g)", runs["new"], runs["old"], w.state(nw).tag, w.state(old).tag)
+	// old backlogged from here on, and a function deployed now beside
+	// it, same share and class.
+	cur, _, _ := old.Admit(context.Background(), time.Time{}, nil)
+	nw := s.Flow("new")
+	runs := alternate(t, clk, []Ticket{cur}, 200, old, nw)
+	if runs[1] < 50 {
+		t.Errorf("a function deployed after the clock moved back had %d of 200 runs beside an equal-share neighbour (%d; tags %.4g and %.4g)", runs[1], runs[0], w.state(nw).tag, w.state(old).tag)
 	}
 }
 
@@ -104,33 +84,9 @@ func TestARunningFloodHoldsTheClock(t *testing.T) {
 	}
 	w := s.pol.(*WFQ)
 	// g wakes, one client; f keeps one run queued beside it.
-	cg := admitAsync(g, bg, time.Time{}, nil)
-	waitFor(t, "g queued", func() bool { return g.queued() == 1 })
-	cf := admitAsync(f, bg, time.Time{}, nil)
-	waitFor(t, "f queued", func() bool { return f.queued() == 1 })
-	runs := map[string]int{}
-	running := fr
-	for i := 0; i < 600; i++ {
-		clk.Advance(time.Millisecond)
-		running[0].Done()
-		running = running[1:]
-		select {
-		case r := <-cf:
-			runs["f"]++
-			running = append(running, r.t)
-			cf = admitAsync(f, bg, time.Time{}, nil)
-			waitFor(t, "f queued", func() bool { return f.queued() == 1 })
-		case r := <-cg:
-			runs["g"]++
-			running = append(running, r.t)
-			cg = admitAsync(g, bg, time.Time{}, nil)
-			waitFor(t, "g queued", func() bool { return g.queued() == 1 })
-		case <-time.After(5 * time.Second):
-			t.Fatal("nothing admitted")
-		}
-	}
-	if runs["g"] < 150 {
-		t.Errorf("g (share 1, woke beside f's flood at share 1) had %d of 600 runs (clock %.4g, f's tag %.4g)", runs["g"], w.vnow[Default], w.state(f).tag)
+	runs := alternate(t, clk, fr, 600, g, f)
+	if runs[0] < 150 {
+		t.Errorf("g (share 1, woke beside f's flood at share 1) had %d of 600 runs (clock %.4g, f's tag %.4g)", runs[0], w.vnow[Default], w.state(f).tag)
 	}
 }
 
@@ -152,33 +108,10 @@ func TestAFlowPlacedInAnotherClassStartsAtItsClock(t *testing.T) {
 	if got := w.state(nw).tag; got != w.vnow[Latency] {
 		t.Errorf("fresh flow set to Latency: tag %.4g, clock %.4g (ahead by %.4g ns of device time)", got, w.vnow[Latency], got-w.vnow[Latency])
 	}
-	bg := context.Background()
-	cur, _, _ := lat.Admit(bg, time.Time{}, nil)
-	cLat := admitAsync(lat, bg, time.Time{}, nil)
-	waitFor(t, "lat queued", func() bool { return lat.queued() == 1 })
-	cNew := admitAsync(nw, bg, time.Time{}, nil)
-	waitFor(t, "new queued", func() bool { return nw.queued() == 1 })
-	runs := map[string]int{}
-	for i := 0; i < 200; i++ {
-		clk.Advance(time.Millisecond)
-		cur.Done()
-		select {
-		case r := <-cLat:
-			runs["lat"]++
-			cur = r.t
-			cLat = admitAsync(lat, bg, time.Time{}, nil)
-			waitFor(t, "lat queued", func() bool { return lat.queued() == 1 })
-		case r := <-cNew:
-			runs["new"]++
-			cur = r.t
-			cNew = admitAsync(nw, bg, time.Time{}, nil)
-			waitFor(t, "new queued", func() bool { return nw.queued() == 1 })
-		case <-time.After(5 * time.Second):
-			t.Fatal("nothing admitted")
-		}
-	}
-	if runs["new"] < 50 {
-		t.Errorf("a latency function placed beside a latency flood had %d of 200 runs", runs["new"])
+	cur, _, _ := lat.Admit(context.Background(), time.Time{}, nil)
+	runs := alternate(t, clk, []Ticket{cur}, 200, lat, nw)
+	if runs[1] < 50 {
+		t.Errorf("a latency function placed beside a latency flood had %d of 200 runs", runs[1])
 	}
 }
 
@@ -203,30 +136,40 @@ func TestALongRunDoesNotHoldTheClock(t *testing.T) {
 		tk.Done()
 	}
 	cur, _, _ := f.Admit(bg, time.Time{}, nil)
-	cf := admitAsync(f, bg, time.Time{}, nil)
-	waitFor(t, "f queued", func() bool { return f.queued() == 1 })
-	cg := admitAsync(g, bg, time.Time{}, nil)
-	waitFor(t, "g queued", func() bool { return g.queued() == 1 })
-	runs := map[string]int{}
-	for i := 0; i < 600; i++ {
+	runs := alternate(t, clk, []Ticket{cur}, 600, f, g)
+	if runs[0] < 150 {
+		t.Errorf("f (share 1, backlogged) had %d of 600 runs beside g, which woke while a long run held the clock", runs[0])
+	}
+}
+
+// alternate keeps one run of each of two flows queued (the first queued
+// first) while, n times, a fake millisecond passes and the oldest of
+// running ends; it counts the runs each flow was admitted.
+func alternate(t *testing.T, clk *fakeClock, running []Ticket, n int, flows ...*Flow) [2]int {
+	t.Helper()
+	queue := func(i int) <-chan result {
+		c := admitAsync(flows[i], context.Background(), time.Time{}, nil)
+		waitFor(t, fmt.Sprintf("flow %d queued", i), func() bool { return flows[i].queued() == 1 })
+		return c
+	}
+	cs := [2]<-chan result{queue(0), queue(1)}
+	var runs [2]int
+	for range n {
 		clk.Advance(time.Millisecond)
-		cur.Done()
+		running[0].Done()
+		running = running[1:]
+		var r result
+		i := 0
 		select {
-		case r := <-cf:
-			runs["f"]++
-			cur = r.t
-			cf = admitAsync(f, bg, time.Time{}, nil)
-			waitFor(t, "f queued", func() bool { return f.queued() == 1 })
-		case r := <-cg:
-			runs["g"]++
-			cur = r.t
-			cg = admitAsync(g, bg, time.Time{}, nil)
-			waitFor(t, "g queued", func() bool { return g.queued() == 1 })
+		case r = <-cs[0]:
+		case r = <-cs[1]:
+			i = 1
 		case <-time.After(5 * time.Second):
 			t.Fatal("nothing admitted")
 		}
+		runs[i]++
+		running = append(running, r.t)
+		cs[i] = queue(i)
 	}
-	if runs["f"] < 150 {
-		t.Errorf("f (share 1, backlogged) had %d of 600 runs beside g, which woke while a long run held the clock", runs["f"])
-	}
+	return runs
 }

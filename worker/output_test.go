@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"regexp"
 	"slices"
@@ -69,16 +70,27 @@ func runOnce(t *testing.T, p device.Program, m *abi.Manifest, in []byte, deadlin
 }
 
 // waitLines polls the store until want holds of the function's lines.
-func waitLines(t *testing.T, s *funclog.Store, name string, want func([]api.LogLine) bool) []api.LogLine {
+func waitLines(t *testing.T, s *funclog.Store, name string, want func([]api.LogLine) bool) (lines []api.LogLine) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	poll(t, 10*time.Second, func() (bool, string) {
+		lines = s.Lines(name, time.Time{})
+		return want(lines), fmt.Sprintf("lines of %s never as expected: %+v", name, lines)
+	})
+	return lines
+}
+
+// poll calls done every 5 ms until it says true, and fails the test with
+// what it said last once within has passed.
+func poll(t *testing.T, within time.Duration, done func() (ok bool, last string)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
 	for {
-		lines := s.Lines(name, time.Time{})
-		if want(lines) {
-			return lines
+		ok, last := done()
+		if ok {
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("lines of %s never as expected: %+v", name, lines)
+			t.Fatal(last)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -245,19 +257,12 @@ func TestOutputToWriter(t *testing.T) {
 	if err := runOnce(t, p, m, []byte("hi"), 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	poll(t, 10*time.Second, func() (bool, string) {
 		mu.Lock()
 		out := buf.String()
 		mu.Unlock()
-		if strings.Contains(out, "stdout | say: hi\n") && strings.Contains(out, "stderr | warn: hi\n") && strings.Contains(out, "stdout | kernel 7 thread 1 of 2\n") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("output:\n%s", out)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return strings.Contains(out, "stdout | say: hi\n") && strings.Contains(out, "stderr | warn: hi\n") && strings.Contains(out, "stdout | kernel 7 thread 1 of 2\n"), "output:\n" + out
+	})
 }
 
 type writerFunc func([]byte) (int, error)
@@ -402,12 +407,10 @@ func TestOutputPastItsBudgetIsDroppedAndCounted(t *testing.T) {
 	if err := runOnce(t, p, m, []byte("x"), 20*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for passed, _ := out.counts(); passed-before < outputResume-1; passed, _ = out.counts() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d lines of the second flood passed on, want the %d the budget had room for", passed-before, outputResume)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll(t, 20*time.Second, func() (bool, string) {
+		passed, _ := out.counts()
+		return passed-before >= outputResume-1, fmt.Sprintf("%d lines of the second flood passed on, want the %d the budget had room for", passed-before, outputResume)
+	})
 }
 
 // A line that does not end costs the budget a line each api.LogLineMax
@@ -432,27 +435,21 @@ func TestAnUnendingLineIsWithinTheBudget(t *testing.T) {
 	if err := runOnce(t, p, m, []byte("x"), 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	var report, passed int
+	poll(t, 20*time.Second, func() (bool, string) {
 		out.mu.Lock()
+		defer out.mu.Unlock()
 		var last string
 		if n := len(out.lines); n > 0 {
 			last = out.lines[n-1].Line
 		}
-		report, passed := out.report, out.passed
-		out.mu.Unlock()
-		if last == "long line done" {
-			// The line and "long line done": the line dropped and
-			// counted (its start is not passed on), the last passed on.
-			if report != 1 || passed != 1 {
-				t.Errorf("%d lines passed on and %d counted dropped, want the last passed and the long one dropped", passed, report)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the output's last line %.60q, want %q; %d passed on, %d counted dropped", last, "long line done", passed, report)
-		}
-		time.Sleep(5 * time.Millisecond)
+		report, passed = out.report, out.passed
+		return last == "long line done", fmt.Sprintf("the output's last line %.60q, want %q; %d passed on, %d counted dropped", last, "long line done", passed, report)
+	})
+	// The line and "long line done": the line dropped and counted (its
+	// start is not passed on), the last passed on.
+	if report != 1 || passed != 1 {
+		t.Errorf("%d lines passed on and %d counted dropped, want the last passed and the long one dropped", passed, report)
 	}
 }
 
