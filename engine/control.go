@@ -67,7 +67,7 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	defer func() {
 		if err == nil && warning != "" {
 			fi.Warnings = append(fi.Warnings, warning)
-			e.cfg.Log.Warn("deployed with force past the pipelines running it", "function", name, "version", fi.Version, "warning", warning)
+			e.cfg.Log.Warn("deployed with force, unchecked or failing the pipelines that run it", "function", name, "version", fi.Version, "warning", warning)
 		}
 	}()
 	if !abi.ValidName(name) {

@@ -223,8 +223,18 @@ func New(cfg Config) (*Engine, error) {
 				PolicyName: cfg.Sched.Policy, Recent: cfg.Sched.ReserveHold, Capacity: device.SharedTime(d.Target())})
 		}
 	}
-	e.io = newIO(e, cfg.Sched, func(name string) bool { return e.Flooding(name, sched.DefaultOverlap) })
+	e.io = newIO(e, cfg.Sched, e.floodingIO)
 	return e, nil
+}
+
+// floodingIO reports whether name floods its devices, for its I/O
+// touches (ioshare.Config.Flooding). A pipeline runs nothing of its own:
+// it floods by its first step's function, which runs its requests first
+// and which chargeIO charges their bytes; by its name alone, a pipeline
+// flooding small requests counted light and kept a slot of the server's
+// I/O from the floods of large bodies.
+func (e *Engine) floodingIO(name string) bool {
+	return e.Flooding(name, sched.DefaultOverlap) || e.Flooding(e.tab.firstStep(name), sched.DefaultOverlap)
 }
 
 // Forgets has fs told of every function's changes on this node from now

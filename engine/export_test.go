@@ -203,3 +203,7 @@ func (e *Engine) UnpacksWaiting() int { return int(e.unpacks.waiting.Load()) }
 // SetPollDeadline bounds each of Watch's polls to d, where pollLimit
 // asks 10 s at least: a test's stalled read is cut sooner.
 func (e *Engine) SetPollDeadline(d time.Duration) { e.pollDeadline = d }
+
+// FloodingIO is what the server's I/O shares ask before a touch counts a
+// flow light (ioshare.Config.Flooding).
+func (e *Engine) FloodingIO(name string) bool { return e.floodingIO(name) }

@@ -109,31 +109,6 @@ func (e *Engine) deviceFlows(name string, out []*sched.Flow) []*sched.Flow {
 	return out
 }
 
-// firstStep is the function a pipeline's requests run first, through
-// nested pipelines and the first branch of a parallel step, as this node
-// has it (look: a function's current version, nil for none; "": name is no
-// pipeline here). It reads no store: a step not known here yet has no
-// device flow either.
-func firstStep(name string, look func(string) *version) string {
-	first := ""
-	for range maxNesting {
-		v := look(name)
-		if v == nil || !v.rec.IsPipeline() || len(v.rec.Steps) == 0 {
-			return first
-		}
-		st := v.rec.Steps[0]
-		for st.Function == "" && len(st.Parallel) > 0 {
-			st = st.Parallel[0]
-		}
-		name, first = st.Function, st.Function
-	}
-	return "" // deeper than any deploy allows: a record changed under us
-}
-
-// maxNesting bounds firstStep's walk: deploys allow pipelines 8 levels
-// deep.
-const maxNesting = 16
-
 // IOTime is the server's CPU time on name's bytes so far
 // (plover_io_seconds_total), none for a name without a flow here: what a
 // worker's CPU weight cannot see of its function's cost (worker.CPUGroups's

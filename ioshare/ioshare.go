@@ -77,8 +77,8 @@ type Config struct {
 	// Policy orders waiting pieces ("": sched.DefaultPolicy).
 	Policy string
 	// Flooding, when set, reports whether the function named floods its
-	// devices (two or more runs at once, lately): its touches keep no
-	// slot for it. A flood of small requests never needs a turn, and
+	// devices (two or more runs at once, lately; a pipeline by its first
+	// step's function): its touches keep no slot for it. A flood of small requests never needs a turn, and
 	// counted light by its touches it kept a slot from the floods of
 	// large bodies for as long as it flooded.
 	Flooding func(name string) bool
