@@ -104,6 +104,19 @@ func QuoteName(name string) string {
 	return strconv.Quote(name)
 }
 
+// KeptName is name, a request's, as kept past it in a log field, a span
+// attribute or a map key: a copy of it where it is no longer than 64
+// bytes (a function's name is at most 63), else its head quoted
+// (QuoteName). A name no function can have may be as long as the
+// request's body limit (a gRPC model_name), and kept whole it held
+// that much of the server's memory after the request's budget let go.
+func KeptName(name string) string {
+	if len(name) > 64 {
+		return QuoteName(name)
+	}
+	return strings.Clone(name)
+}
+
 func (e *NoFunction) Unwrap() error { return e.Err }
 
 // RetryAt is the first RetryAt set on an Error in err's chain, or zero.

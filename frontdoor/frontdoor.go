@@ -13,7 +13,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/propagation"
@@ -277,13 +276,16 @@ func (d *Door) logFailure(err error, transport, route, function string, st apier
 	if key == "" {
 		key = route
 	}
+	// Bounded (KeptName): the throttle keeps its keys, and a gRPC model
+	// name may be as long as the body limit.
+	key = errdefs.KeptName(key)
 	ok, unlogged := d.failLog.AllowKey(key)
 	if !ok {
 		return
 	}
 	attrs := []any{"transport", transport, "route", route}
 	if function != "" {
-		attrs = append(attrs, "function", strings.Clone(function))
+		attrs = append(attrs, "function", key)
 	}
 	if unlogged > 0 {
 		attrs = append(attrs, "not_logged", unlogged) // this function's failures the throttle held back before this one

@@ -194,3 +194,19 @@ func TestFailureLinesAreThrottledPerFunction(t *testing.T) {
 		t.Fatalf("100 failures of a (500), b (504) and c (422): %d lines, want a's and b's first alone:\n%s", len(lines), logs.String())
 	}
 }
+
+// A failure of a request naming a function no function can have (a gRPC
+// model_name may be as long as the body limit) is logged with its name's
+// head quoted, and the throttle keeps that as its key: whole, each such
+// name stayed in the throttle's keys after its request (a review found
+// it).
+func TestAFailureOfALongNameIsLoggedBounded(t *testing.T) {
+	var logs bytes.Buffer
+	d := New(Config{Runner: &refusals{}, Metrics: reqmetrics.New(prometheus.NewRegistry()), Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	name := strings.Repeat("q", 1<<20)
+	d.End(&Outcome{Transport: "grpc", Route: "r", Function: call.NameOf(name), Req: &call.Request{},
+		Err: &errdefs.Error{Kind: errdefs.KindUnavailable, Msg: "store unavailable"}})
+	if !strings.Contains(logs.String(), `msg="request failed"`) || logs.Len() > 1024 || !strings.Contains(logs.String(), strings.Repeat("q", 64)) {
+		t.Errorf("log of a failure of a 1 MiB name: %d bytes, %.300q", logs.Len(), logs.String())
+	}
+}

@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/errdefs"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -267,11 +268,11 @@ func (t *Tracer) Record(h propagation.TextMapCarrier, c *Call) {
 	}
 	// The rest off the request's path: its answer is not held for its
 	// spans. The request (pooled by the transport) is copied first, and
-	// the function's name, whatever the client sent: a string attribute
-	// that is not UTF-8 fails the exporter's encoding of the whole batch
-	// it is in.
+	// the function's name, whatever the client sent, bounded
+	// (errdefs.KeptName): a string attribute that is not UTF-8 fails the
+	// exporter's encoding of the whole batch it is in.
 	cc, r := *c, *c.Req
-	fn := strings.ToValidUTF8(c.Function.Keep(), "\uFFFD")
+	fn := strings.ToValidUTF8(errdefs.KeptName(c.Function.Borrow()), "\uFFFD")
 	cc.Function = call.Name{}
 	r.Input, r.Output, r.Gone, r.Steps = nil, nil, nil, slices.Clone(r.Steps)
 	cc.Req = &r

@@ -340,3 +340,35 @@ func TestShutdownWaitsForSpans(t *testing.T) {
 		})
 	}
 }
+
+// The function's attribute is the name a client sent, bounded: a gRPC
+// model_name may be as long as the body limit, and each sampled request
+// kept a copy of it whole in the exporter's queue (a review's probe: a
+// 64 MiB attribute).
+func TestTheFunctionAttributeIsBounded(t *testing.T) {
+	for _, tc := range []struct{ name, want string }{
+		{"fn", "fn"},
+		{strings.Repeat("q", 63), strings.Repeat("q", 63)},
+		{strings.Repeat("q", 1<<20), `"` + strings.Repeat("q", 64) + `"...`},
+		{"f\xffn", "f\uFFFDn"},
+	} {
+		tr, rec := recorded()
+		c := aCall("grpc", 404, 5, errors.New("no function"))
+		c.Function = call.NameOf(tc.name)
+		tr.Record(propagation.MapCarrier{}, c)
+		if err := tr.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		got := "(none)"
+		for _, s := range rec.Ended() {
+			for _, a := range s.Attributes() {
+				if s.SpanKind() == trace.SpanKindServer && a.Key == "plover.function" {
+					got = a.Value.AsString()
+				}
+			}
+		}
+		if got != tc.want {
+			t.Errorf("a %d-byte name: plover.function %.80q (%d bytes), want %.80q", len(tc.name), got, len(got), tc.want)
+		}
+	}
+}
