@@ -73,8 +73,9 @@ type FunctionInfo struct {
 	// Unchanged: a deploy found the bundle equal to the current version
 	// and created none.
 	Unchanged bool `json:"unchanged,omitempty"`
-	// Warnings are what a deploy that landed says its caller should know:
-	// forced past the pipelines running it, which of them will fail.
+	// Warnings are what a deploy or rollback that landed says its caller
+	// should know: forced (or rolled back) past the pipelines running it,
+	// which of them will fail.
 	Warnings []string `json:"warnings,omitempty"`
 }
 

@@ -81,21 +81,11 @@ func checkDirect(reg registry.Registry, dir string, m *abi.Manifest, force bool)
 		if err := checkSteps(reg, m.Name, m.Steps); err != nil {
 			return nil, err
 		}
-		recs, err := reg.List(context.Background())
-		if err != nil {
-			if force {
-				return []string{fmt.Sprintf("deploy %s: the pipelines that may run it were not checked: %v", m.Name, err)}, nil
-			}
-			return nil, fmt.Errorf("deploy %s: the pipelines that may run it were not checked: %w", m.Name, err)
+		w, err := checkUsers(reg, "deploy", m.Name, m.Steps, force)
+		if w != "" {
+			warnings = []string{w}
 		}
-		var ue *pipedef.UsersError
-		if err := pipedef.CheckUsers(context.Background(), recs, m.Name, m.Steps, "", false); errors.As(err, &ue) {
-			if force {
-				return []string{ue.Forced()}, nil
-			}
-			return nil, fmt.Errorf("deploy %s: %w: redeploy the pipelines named first, or deploy with --force and let their requests fail", m.Name, err)
-		}
-		return nil, nil
+		return warnings, err
 	}
 	var size int64
 	if m.Constants != "" {
@@ -109,6 +99,33 @@ func checkDirect(reg registry.Registry, dir string, m *abi.Manifest, force bool)
 		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, abi.ManifestFile), err)
 	}
 	return nil, nil
+}
+
+// checkUsers is, for a change straight to the store (op: a deploy, a
+// rollback), the server's check of the pipelines running name
+// (pipedef.CheckUsers): with land, what would fail them comes back as a
+// warning and the change goes on, else as the refusal.
+func checkUsers(reg registry.Registry, op, name string, steps []abi.Step, land bool) (warning string, err error) {
+	how := "deployed with force"
+	if op != "deploy" {
+		how = "rolled back"
+	}
+	recs, err := reg.List(context.Background())
+	if err != nil {
+		err = fmt.Errorf("%s %s: the pipelines that may run it were not checked: %w", op, name, err)
+		if land {
+			return err.Error(), nil
+		}
+		return "", err
+	}
+	var ue *pipedef.UsersError
+	if err := pipedef.CheckUsers(context.Background(), recs, name, steps, "", false); errors.As(err, &ue) {
+		if land {
+			return ue.Landed(how), nil
+		}
+		return "", fmt.Errorf("%s %s: %w: redeploy the pipelines named first, or deploy with --force and let their requests fail", op, name, err)
+	}
+	return "", nil
 }
 
 func deployCmd() *command {

@@ -124,6 +124,7 @@ func rollbackCmd() *command {
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
 			var id string
+			var warnings []string
 			if ep.direct() {
 				reg, err := ep.registry()
 				if err != nil {
@@ -150,6 +151,11 @@ func rollbackCmd() *command {
 							if err := checkSteps(reg, args[0], pv.Steps); err != nil {
 								return err
 							}
+							// Never a refusal: nothing blocks a rollback.
+							w, _ := checkUsers(reg, "rollback", args[0], pv.Steps, true)
+							if w != "" {
+								warnings = append(warnings, w)
+							}
 						}
 						ref = pv.ID
 					}
@@ -165,7 +171,10 @@ func rollbackCmd() *command {
 				if err := ep.client().sendJSON(http.MethodPost, "/v1/functions/"+args[0]+"/rollback", "application/json", body, &fi); err != nil {
 					return err
 				}
-				id = fi.Version
+				id, warnings = fi.Version, fi.Warnings
+			}
+			for _, w := range warnings {
+				fmt.Fprintf(env.Stderr, "warning: %s\n", w)
 			}
 			if asJSON {
 				return printJSON(env.Stdout, map[string]string{"name": args[0], "version": id})

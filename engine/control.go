@@ -92,11 +92,11 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 			return api.FunctionInfo{}, err
 		}
 		if !o.Aside || o.Label != "" {
-			if err := c.checkUsers(ctx, name, m.Steps, o.Label, o.Aside); err != nil {
+			if err := c.checkUsers(ctx, "deploy", name, m.Steps, o.Label, o.Aside); err != nil {
 				if !o.Force {
 					return api.FunctionInfo{}, err
 				}
-				warning = forcedPast(err)
+				warning = landedPast(err, "deployed with force")
 			}
 		}
 	}
@@ -311,11 +311,13 @@ func (c *Control) checkPipeline(ctx context.Context, name string, steps []abi.St
 // checkUsers refuses (409) a pipeline version that would make the
 // pipelines running name pass a limit or form a cycle
 // (pipedef.CheckUsers): their requests would fail (500) from the moment
-// it lands. A deploy with force goes on, as plover rm --force does.
-func (c *Control) checkUsers(ctx context.Context, name string, steps []abi.Step, label string, aside bool) error {
+// it lands. A deploy with force goes on, as plover rm --force does, and
+// a rollback (op) always does, so that nothing blocks one: each says so
+// in a warning (landedPast).
+func (c *Control) checkUsers(ctx context.Context, op, name string, steps []abi.Step, label string, aside bool) error {
 	recs, err := c.e.tab.reg.List(ctx)
 	if err != nil {
-		return unavailable(err, "deploy %s: the pipelines that may run it were not checked: store unavailable", name)
+		return unavailable(err, "%s %s: the pipelines that may run it were not checked: store unavailable", op, name)
 	}
 	var ue *pipedef.UsersError
 	if err := pipedef.CheckUsers(ctx, recs, name, steps, label, aside); errors.As(err, &ue) {
@@ -324,14 +326,15 @@ func (c *Control) checkUsers(ctx context.Context, name string, steps []abi.Step,
 	return nil
 }
 
-// forcedPast is the warning of a deploy forced past checkUsers's err:
-// the pipelines it breaks in the UsersError's own words (not the 409's,
-// whose advice is to use the force just used), or the refusal a client
-// would have had when the store could not list them.
-func forcedPast(err error) string {
+// landedPast is the warning of a deploy forced, or a rollback made
+// (how), past checkUsers's err: the pipelines it breaks in the
+// UsersError's own words (not the 409's, whose advice is to use the force
+// just used), or the refusal a client would have had when the store could
+// not list them.
+func landedPast(err error, how string) string {
 	var ue *pipedef.UsersError
 	if errors.As(err, &ue) {
-		return ue.Forced()
+		return ue.Landed(how)
 	}
 	var ee *errdefs.Error
 	if errors.As(err, &ee) {
@@ -405,7 +408,7 @@ func (c *Control) Listed(ctx context.Context) (map[string]bool, error) {
 // requests finish on the version they started on.
 func (c *Control) Rollback(ctx context.Context, name, version string) (api.FunctionInfo, error) {
 	e := c.e
-	id, err := c.checkRollback(ctx, name, version)
+	id, warning, err := c.checkRollback(ctx, name, version)
 	if err != nil {
 		return api.FunctionInfo{}, err
 	}
@@ -431,7 +434,12 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (api.Funct
 		return api.FunctionInfo{}, errorf(errdefs.KindOf(err), err, "rolled %s back to %s, but this node did not follow: %v", name, rv.ID, err)
 	}
 	e.cfg.Log.Info("current version set", "function", name, "version", rv.ID)
-	return c.landed(ctx, f, name, rv, rec), nil
+	fi := c.landed(ctx, f, name, rv, rec)
+	if warning != "" {
+		fi.Warnings = append(fi.Warnings, warning)
+		e.cfg.Log.Warn("rolled back, unchecked or failing the pipelines that run it", "function", name, "version", rv.ID, "warning", warning)
+	}
+	return fi, nil
 }
 
 // Unlabel takes label off name's versions but the current one
@@ -519,25 +527,33 @@ func (c *Control) unready(name, ref string, now time.Time, depth int, seen map[[
 // the id version resolves to, which the rollback makes current: resolved
 // again, a label or prefix could name a version deployed since, never
 // checked. Anything else (no such function or version: id "") is
-// SetCurrent's to report.
-func (c *Control) checkRollback(ctx context.Context, name, version string) (id string, err error) {
+// SetCurrent's to report. The pipelines running name are checked too,
+// and what would break them is a warning, not a refusal: nothing blocks
+// a rollback (an older version may nest deeper than the one current).
+func (c *Control) checkRollback(ctx context.Context, name, version string) (id, warning string, err error) {
 	e := c.e
 	rec, err := e.tab.reg.Get(ctx, name)
 	if errors.Is(err, registry.ErrNoFunction) {
-		return "", nil // SetCurrent's 404
+		return "", "", nil // SetCurrent's 404
 	}
 	if err != nil {
 		// Fail closed: an unchecked rollback could run what its caller may not.
-		return "", unavailable(err, "rollback %s: reading its record: store unavailable", name)
+		return "", "", unavailable(err, "rollback %s: reading its record: store unavailable", name)
 	}
 	v, err := pipedef.Pick(rec, version)
 	if err != nil {
-		return "", nil // no such version, or an ambiguous prefix: SetCurrent's to refuse
+		return "", "", nil // no such version, or an ambiguous prefix: SetCurrent's to refuse
 	}
-	if v.IsPipeline() {
-		return v.ID, c.checkPipeline(ctx, name, v.Steps)
+	if !v.IsPipeline() {
+		return v.ID, "", nil
 	}
-	return v.ID, nil
+	if err := c.checkPipeline(ctx, name, v.Steps); err != nil {
+		return v.ID, "", err
+	}
+	if err := c.checkUsers(ctx, "rollback", name, v.Steps, "", false); err != nil {
+		warning = landedPast(err, "rolled back")
+	}
+	return v.ID, warning, nil
 }
 
 // GC deletes bundles no function record references, older than grace.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -69,5 +70,30 @@ func TestARollbackMakesCurrentTheVersionItChecked(t *testing.T) {
 	}
 	if fi.Version != checked {
 		t.Errorf("rollback to label 1 made %s current, want %s, the version its check read", fi.Version, checked)
+	}
+}
+
+// A rollback is checked against the pipelines running its function, as a
+// deploy is, but never refused for them: an older version may nest
+// deeper or run more functions than the one current, and what it breaks
+// comes back as a warning (a review found rollbacks unchecked so; the
+// README keeps them unblocked).
+func TestARollbackPastItsUsersWarns(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("f"), nil))
+	wide := testkit.Deploy(t, e, testkit.PipelineDir(t, "inner", testkit.Repeat(17, "f")...))
+	narrow := testkit.Deploy(t, e, testkit.PipelineDir(t, "inner", "f"))
+	testkit.Deploy(t, e, testkit.PipelineDir(t, "outer", testkit.Repeat(16, "inner")...)) // 16 functions; 272 with wide
+	fi, err := e.Control().Rollback(context.Background(), "inner", wide.Version)
+	if err != nil {
+		t.Fatalf("rollback of inner to its 17-step version: %v", err)
+	}
+	if fi.Version != wide.Version || len(fi.Warnings) != 1 || !strings.HasPrefix(fi.Warnings[0], "rolled back: ") || !strings.Contains(fi.Warnings[0], "outer") {
+		t.Errorf("rollback: version %s, warnings %q; want %s and one warning naming outer", fi.Version, fi.Warnings, wide.Version)
+	}
+	// Back within the limit: nothing to say.
+	fi, err = e.Control().Rollback(context.Background(), "inner", narrow.Version)
+	if err != nil || len(fi.Warnings) != 0 {
+		t.Errorf("rollback of inner to its 1-step version: %v, warnings %q", err, fi.Warnings)
 	}
 }

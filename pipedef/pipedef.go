@@ -214,9 +214,10 @@ func (e *UsersError) Error() string {
 	return b.String()
 }
 
-// Forced is the warning of a deploy that landed with force past e, on a
-// server or straight to the store.
-func (e *UsersError) Forced() string { return "deployed with force: " + e.Error() }
+// Landed is the warning of a change that landed past e, on a server or
+// straight to the store, made how ("deployed with force", "rolled
+// back").
+func (e *UsersError) Landed(how string) string { return how + ": " + e.Error() }
 
 // Say is pipelines named for a message: at most maxUsersSaid of them,
 // and how many more.

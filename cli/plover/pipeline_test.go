@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -351,7 +352,15 @@ func TestDeployToTheStoreChecksThePipelinesRunningIt(t *testing.T) {
 		return out
 	}
 	run(t, bin, env, "deploy", chainFn(t, "f"))
-	run(t, bin, env, "deploy", pipelineDir(t, "inner", steps(16, "f")...))
+	idOf := func(out string) string {
+		t.Helper()
+		m := regexp.MustCompile(`deployed inner version (\S+)`).FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("no version id in:\n%s", out)
+		}
+		return m[1]
+	}
+	narrow := idOf(run(t, bin, env, "deploy", pipelineDir(t, "inner", steps(16, "f")...)))
 	run(t, bin, env, "deploy", pipelineDir(t, "outer", steps(16, "inner")...)) // 256 functions
 	more := pipelineDir(t, "inner", steps(17, "f")...)
 	out, err := runErr(bin, env, "deploy", more)
@@ -364,15 +373,31 @@ func TestDeployToTheStoreChecksThePipelinesRunningIt(t *testing.T) {
 	// Forced, the deploy lands and says which pipeline it breaks (--force
 	// also deploys equal bytes again: its user need not know of outer).
 	const warned = "warning: deployed with force: pipeline outer runs inner"
-	if out := run(t, bin, env, "deploy", more, "--force"); !strings.Contains(out, warned) {
+	out = run(t, bin, env, "deploy", more, "--force")
+	if !strings.Contains(out, warned) {
 		t.Errorf("a forced deploy to the store past outer's limit said nothing of outer:\n%s", out)
 	}
+	wide := idOf(out)
+	// A rollback is checked so too, and never refused for them: it lands
+	// and says what it breaks.
+	const rolled = "warning: rolled back: pipeline outer runs inner"
+	rollback := func(env []string) {
+		t.Helper()
+		if out := run(t, bin, env, "rollback", "inner", narrow); strings.Contains(out, "warning") {
+			t.Errorf("a rollback within outer's limit warned:\n%s", out)
+		}
+		if out := run(t, bin, env, "rollback", "inner", wide); !strings.Contains(out, rolled) {
+			t.Errorf("a rollback past outer's limit (%v) said nothing of outer:\n%s", env, out)
+		}
+	}
+	rollback(env)
 	srv := startServer(t, bin, "--store", strings.TrimPrefix(env[0], "PLOVER_STORE="))
 	served := []string{"PLOVER_SERVER=" + srv.url}
 	run(t, bin, served, "deploy", pipelineDir(t, "inner", steps(16, "f")...)) // outer within again
 	if out := run(t, bin, served, "deploy", more, "--force"); !strings.Contains(out, warned) {
 		t.Errorf("a forced deploy through a server past outer's limit said nothing of outer:\n%s", out)
 	}
+	rollback(served)
 }
 
 // TestDigitsPipelineServed: the digits sample (normalize on the host, the
