@@ -315,6 +315,9 @@ func (l *Listener) releaseClient(ip string) {
 // address as a string for anything else.
 func ClientKey(a net.Addr) string {
 	if ta, ok := a.(*net.TCPAddr); ok {
+		if ta == nil || len(ta.IP) == 0 {
+			return "?" // with its port, each connection was a client of its own
+		}
 		if v4 := ta.IP.To4(); v4 != nil {
 			return v4.String()
 		}

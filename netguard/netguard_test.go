@@ -1118,6 +1118,8 @@ func TestClientKey(t *testing.T) {
 		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:aaaa::1"), Port: 5}, "2001:db8:1:2::/64"},
 		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:bbbb::9"), Port: 7}, "2001:db8:1:2::/64"},
 		{&net.UnixAddr{Name: "", Net: "unix"}, "?"},
+		{&net.TCPAddr{Port: 4}, "?"}, // was ":4", a key per connection
+		{(*net.TCPAddr)(nil), "?"},   // panicked
 	} {
 		if got := ClientKey(tt.addr); got != tt.want {
 			t.Errorf("ClientKey(%v) = %q, want %q", tt.addr, got, tt.want)

@@ -67,8 +67,10 @@ type Tracer struct {
 
 // FromEnv returns a Tracer configured by the environment, or nil when the
 // environment asks for no tracing (no OTLP endpoint, the SDK disabled).
-// Export failures (the collector down or refusing) go to log, once a
-// minute at most.
+// OpenTelemetry's errors go to log, once a minute at most: export
+// failures (the collector down or refusing) and, once in a process's
+// life, a client's baggage header it could not read (the SDK reports it
+// there too).
 func FromEnv(ctx context.Context, version string, log *slog.Logger) (*Tracer, error) {
 	t, err := fromEnv(ctx, version, os.Getenv)
 	if t != nil && log != nil {
@@ -76,7 +78,7 @@ func FromEnv(ctx context.Context, version string, log *slog.Logger) (*Tracer, er
 		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
 			now := time.Now().UnixNano()
 			if prev := last.Load(); now-prev >= int64(time.Minute) && last.CompareAndSwap(prev, now) {
-				log.Warn("spans could not be exported (OpenTelemetry); later failures within a minute are not logged", "exporter", t.Where, "error", err)
+				log.Warn("OpenTelemetry failed (most often: spans could not be exported); later failures within a minute are not logged", "exporter", t.Where, "error", err)
 			}
 		}))
 	}
@@ -101,24 +103,14 @@ func fromEnv(ctx context.Context, version string, getenv func(string) string) (*
 	if endpoint == "" {
 		return nil, nil
 	}
-	proto := getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+	protoVar := "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+	proto := getenv(protoVar)
 	if proto == "" {
-		proto = getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+		protoVar = "OTEL_EXPORTER_OTLP_PROTOCOL"
+		proto = getenv(protoVar)
 	}
-	var exp *otlptrace.Exporter
-	var err error
-	switch proto {
-	case "", "http/protobuf":
-		proto = "http/protobuf"
-		exp, err = otlptracehttp.New(ctx) // endpoint, headers, TLS and timeout from the environment
-	case "grpc":
-		exp, err = otlptracegrpc.New(ctx)
-	default:
-		return nil, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL %q: want http/protobuf or grpc", proto)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("the OTLP trace exporter (%s %s): %w", proto, endpoint, err)
-	}
+	// Every setting is read before the exporter is made: one refused
+	// after it left its connection behind.
 	sampler, err := samplerFromEnv(getenv)
 	if err != nil {
 		return nil, err
@@ -131,6 +123,19 @@ func fromEnv(ctx context.Context, version string, getenv func(string) string) (*
 		resource.Environment()) // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win
 	if err != nil {
 		return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %w", err)
+	}
+	var exp *otlptrace.Exporter
+	switch proto {
+	case "", "http/protobuf":
+		proto = "http/protobuf"
+		exp, err = otlptracehttp.New(ctx) // endpoint, headers, TLS and timeout from the environment
+	case "grpc":
+		exp, err = otlptracegrpc.New(ctx)
+	default:
+		return nil, fmt.Errorf("%s %q: want http/protobuf or grpc", protoVar, proto)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the OTLP trace exporter (%s %s): %w", proto, endpoint, err)
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res), sdktrace.WithSampler(sampler))
 	return &Tracer{tp: tp, t: tp.Tracer("github.com/plover-run/plover"), prop: prop, Where: proto + " " + endpoint}, nil
