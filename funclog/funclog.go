@@ -15,6 +15,7 @@
 package funclog
 
 import (
+	"container/heap"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -159,7 +160,8 @@ func (k *Sink) Add(l api.LogLine) {
 	for f := range r.follow {
 		f.offer(l)
 	}
-	for s.bytes > s.totalBytes && s.evict() {
+	if s.bytes > s.totalBytes {
+		s.evictTo(s.totalBytes - s.totalBytes/evictSlack)
 	}
 	trace := s.allowTrace(name, r, l.Time)
 	s.mu.Unlock()
@@ -214,39 +216,71 @@ func (r *ring) drop(s *Store) {
 	r.n--
 }
 
-// evict trims the ring holding the most bytes (of those alike, the one
+// evictTo trims the ring holding the most bytes (of those alike, the one
 // that printed least recently) by a quarter at least, its oldest lines
-// first, and reports whether there was one. The largest first, so that a
-// tenant's many chatty functions share the node's bound among themselves
-// rather than take a quiet function's few lines (its rare errors), as
-// emptying the one that printed least recently did; a quarter at a time,
-// so that a store at its bound looks over its functions once per many
-// lines, not per line.
-func (s *Store) evict() bool {
-	var big *ring
-	var name string
-	for n, r := range s.fns {
-		if r.n > 0 && (big == nil || r.bytes > big.bytes || r.bytes == big.bytes && r.last.Before(big.last)) {
-			big, name = r, n
+// first, and again, until the node holds target bytes or fewer (or no
+// ring has a line). The largest first, so that a tenant's many chatty
+// functions share the node's bound among themselves rather than take a
+// quiet function's few lines (its rare errors), as emptying the one that
+// printed least recently did; from a heap made once, so that a store at
+// its bound with thousands of small rings does not look over all of
+// them for every few lines, as picking each ring by a scan did.
+func (s *Store) evictTo(target int) {
+	h := make(bySize, 0, len(s.fns))
+	for name, r := range s.fns {
+		if r.n > 0 {
+			h = append(h, named{name, r})
 		}
 	}
-	if big == nil {
-		return false
-	}
-	for target := big.bytes * 3 / 4; big.n > 0 && big.bytes > target; {
-		big.drop(s)
-	}
-	// Its slots go with its lines: under half full, it keeps twice
-	// what is left (16 at least), as it would have grown to.
-	if big.n == 0 {
-		big.resize(s, 0)
-		if len(big.follow) == 0 && big.summary == nil {
-			delete(s.fns, name)
+	heap.Init(&h)
+	for s.bytes > target && len(h) > 0 {
+		big := h[0]
+		for cut := big.r.bytes * 3 / 4; big.r.n > 0 && big.r.bytes > cut; {
+			big.r.drop(s)
 		}
-	} else if 2*big.n < len(big.buf) && len(big.buf) > 16 {
-		big.resize(s, max(16, 2*big.n))
+		// Its slots go with its lines: under half full, it keeps twice
+		// what is left (16 at least), as it would have grown to.
+		if big.r.n == 0 {
+			big.r.resize(s, 0)
+			if len(big.r.follow) == 0 && big.r.summary == nil {
+				delete(s.fns, big.name)
+			}
+			heap.Pop(&h)
+			continue
+		}
+		if 2*big.r.n < len(big.r.buf) && len(big.r.buf) > 16 {
+			big.r.resize(s, max(16, 2*big.r.n))
+		}
+		heap.Fix(&h, 0)
 	}
-	return true
+}
+
+// evictSlack is how far under TotalBytes evictTo goes once past it, so
+// that it runs once per many lines at the bound, not per line.
+const evictSlack = 64
+
+// named is a ring and its function's name, in evictTo's heap.
+type named struct {
+	name string
+	r    *ring
+}
+
+// bySize orders rings for evictTo: the most bytes first, then the one
+// that printed least recently.
+type bySize []named
+
+func (h bySize) Len() int { return len(h) }
+func (h bySize) Less(i, j int) bool {
+	a, b := h[i].r, h[j].r
+	return a.bytes > b.bytes || a.bytes == b.bytes && a.last.Before(b.last)
+}
+func (h bySize) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *bySize) Push(x any)   { *h = append(*h, x.(named)) }
+func (h *bySize) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 // allowTrace decides whether a line of name's at now goes to the server

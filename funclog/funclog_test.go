@@ -418,3 +418,23 @@ func TestTheBoundCountsTheRingsSlots(t *testing.T) {
 		t.Errorf("the rings hold %d KiB (slots and text; %d KiB counted), over the bound's %d KiB", held>>10, s.bytes>>10, s.totalBytes>>10)
 	}
 }
+
+// Add at the node's bound with many small rings (5,000 functions of 26
+// short lines each): evictTo's heap, made once per evictSlack of the
+// bound, where a scan of every ring picked each one trimmed.
+func BenchmarkAddAtTheBound(b *testing.B) {
+	s := New(nil)
+	s.totalBytes = 5000 * 26 * (lineOverhead + 12)
+	t0 := time.Now()
+	sinks := make([]*Sink, 5000)
+	for f := range sinks {
+		sinks[f] = s.Sink(fmt.Sprintf("f%d", f))
+		for i := range 26 {
+			sinks[f].Add(line(t0, i))
+		}
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		sinks[i%len(sinks)].Add(line(t0, 26+i))
+	}
+}
