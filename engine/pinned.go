@@ -76,6 +76,20 @@ func (p Pin) Full() error {
 	return p.v.pool.busy()
 }
 
+// Takes is how many requests the pinned version takes at once on this
+// node before it refuses more (429): max_instances running and max_queue
+// waiting (a batching version: max_queue past its batch's max_items). 0
+// until it is loaded here: its manifest is not known before.
+func (p Pin) Takes() int {
+	if !p.v.loaded.Load() { // loaded: the manifest and policy are written and read-only
+		return 0
+	}
+	if b := p.v.batch; b != nil {
+		return p.v.policy.queue + b.maxItems
+	}
+	return p.v.policy.max + p.v.policy.queue
+}
+
 // full reports a version whose next request would be refused now for its
 // full queue (a batching one: its batch queue); busy is that refusal.
 func (v *version) full() bool {

@@ -556,6 +556,18 @@ type run struct {
 	// (call.Request.Copied), and a parallel step's concatenation of its
 	// branches' outputs: the request's, counted under the pipeline's name.
 	copied atomic.Int64
+	// own counts this request's steps in flight per pinned version, and
+	// the ends of them, for its parallel branches (invoke); nil until a
+	// parallel step.
+	mu  sync.Mutex
+	own map[engine.Pin]*inFlight
+}
+
+// inFlight is a request's own steps of one pinned version: how many are
+// in flight, how many ended, and a channel closed at the next end.
+type inFlight struct {
+	n, ends int
+	ended   chan struct{}
 }
 
 // stepGone is a step's request's Gone: its client left, or a parallel
@@ -631,7 +643,7 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 	if st.par == nil {
 		sub := call.Request{Input: in, Output: dst, Deadline: x.deadline, Gone: x.stepGone}
 		begin := time.Since(x.t0)
-		err := st.pin.Invoke(ctx, &sub)
+		err := x.invoke(ctx, st.pin, &sub)
 		if errdefs.KindOf(err) == errdefs.KindGone && x.failed.Load() && (x.gone == nil || !x.gone()) {
 			// Given up in its queue for a sibling's failure: the request
 			// is lost, and its answer waits for no step of this branch.
@@ -660,6 +672,9 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 	// goroutines of their own. Outputs are concatenated in the listed order
 	// (the one copy a parallel step costs), and so are their timings.
 	n := len(st.par)
+	if x.own == nil { // before any branch's goroutine: read unlocked (invoke)
+		x.own = map[engine.Pin]*inFlight{}
+	}
 	outs := make([]*[]byte, n)
 	errs := make([]error, n)
 	timings := make([][]call.StepTiming, n)
@@ -711,6 +726,106 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 		x.r.putBuf(outs[j])
 	}
 	return dst, err
+}
+
+// invoke runs a step's request. The request's own parallel branches
+// hold at most what the step's pinned version takes at once (max_instances
+// running and max_queue waiting): a step past it waits for one of them to
+// end, and one refused (429) while they hold runs of it waits so and asks
+// again (others' requests took the room meanwhile): a parallel step
+// fanning out to one function past what it takes at once filled its
+// queue itself and failed on an idle server (with defaults, 16 branches
+// of 16 nested ones every time), with a 429 that no retry would mend (a
+// review found it). A refusal while none of them is in flight, or
+// ended, is the request's: the function is busy with other requests. A
+// version not loaded yet runs one of the request's steps first, then the
+// rest: until then its queue is not known, and steps refused meanwhile
+// counted as its clients' errors.
+func (x *run) invoke(ctx context.Context, pin engine.Pin, sub *call.Request) error {
+	if x.own == nil { // no parallel step: nothing of its own to wait for
+		return pin.Invoke(ctx, sub)
+	}
+	x.mu.Lock()
+	f := x.own[pin]
+	if f == nil {
+		f = &inFlight{ended: make(chan struct{})}
+		x.own[pin] = f
+	}
+	// Not loaded yet, what it takes is not known: the first goes alone.
+	// One short of what it takes: a queued request that has just been
+	// given its instance still counts as waiting for a moment, and a step
+	// sent in that moment at the bound was refused.
+	for f.n > 0 && f.n >= pin.Takes()-1 {
+		if err := x.waitEnd(ctx, f); err != nil {
+			return err
+		}
+	}
+	f.n++
+	seen := f.ends
+	x.mu.Unlock()
+	first := *sub
+	err := pin.Invoke(ctx, sub)
+	x.mu.Lock()
+	for errdefs.KindOf(err) == errdefs.KindBusy && (f.n > 1 || f.ends != seen) {
+		// Refused while its siblings held the queue (they filled it
+		// between Full and Invoke): the next end makes room.
+		f.n--
+		if err = x.waitEnd(ctx, f); err != nil {
+			return err
+		}
+		f.n++
+		seen = f.ends
+		x.mu.Unlock()
+		*sub = first
+		err = pin.Invoke(ctx, sub)
+		x.mu.Lock()
+	}
+	f.n--
+	f.ends++
+	close(f.ended)
+	f.ended = make(chan struct{})
+	x.mu.Unlock()
+	return err
+}
+
+// waitEnd waits, with x.mu held and given up meanwhile, for the next end
+// of one of the request's steps in f, and returns with x.mu held again;
+// or, with it not held, the error of a request lost meanwhile (a sibling
+// failed, the client left, its deadline passed, its context ended).
+func (x *run) waitEnd(ctx context.Context, f *inFlight) error {
+	ended := f.ended
+	x.mu.Unlock()
+	var expired <-chan time.Time
+	if !x.deadline.IsZero() {
+		t := time.NewTimer(time.Until(x.deadline))
+		defer t.Stop()
+		expired = t.C
+	}
+	// Checked as a step queued in its function is: a sibling that failed
+	// or a client that left, seen within 20 ms, not at the next end.
+	poll := time.NewTicker(20 * time.Millisecond)
+	defer poll.Stop()
+	var err error
+	for err == nil && ended != nil {
+		select {
+		case <-ended:
+			ended = nil
+		case <-poll.C:
+		case <-ctx.Done():
+			err = &errdefs.Error{Kind: errdefs.KindUnavailable, Err: ctx.Err(), Msg: fmt.Sprintf("pipeline %s: the request was cancelled while a step waited for its parallel siblings", x.pl.name)}
+		case <-expired:
+			err = &errdefs.Error{Kind: errdefs.KindTimeout, Msg: fmt.Sprintf("pipeline %s: the request's deadline passed while a step waited for its parallel siblings, %v after it started",
+				x.pl.name, time.Since(x.t0).Round(time.Microsecond))}
+		}
+		if err == nil && x.stepGone() {
+			// As a step given up in its function's queue is (stage).
+			err = &errdefs.Error{Kind: errdefs.KindGone, Msg: fmt.Sprintf("pipeline %s: the request was lost (its client left, or a branch failed) while a step waited for its parallel siblings", x.pl.name)}
+		}
+	}
+	if err == nil {
+		x.mu.Lock()
+	}
+	return err
 }
 
 // firstFailure is the first branch's error in the listed order that is

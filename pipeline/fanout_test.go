@@ -1,0 +1,83 @@
+package pipeline_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/pipeline"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// A parallel step fanning out to one function past what it takes at once
+// (max_instances running, max_queue waiting) runs on an idle server: its
+// own branches wait for each other, not in the function's queue, where
+// they filled it and failed with a 429 on every request (a review found
+// it: with defaults, 16 branches of 16 nested ones). Others' requests
+// to the function still find its queue's room.
+func TestAFanOutPastTheQueueWaitsForItsOwnBranches(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		steps func(e *engine.Engine) []any
+		width int
+	}{
+		{"four branches, one instance and two waiting", func(*engine.Engine) []any {
+			return []any{map[string]any{"parallel": []string{"one", "one", "one", "one"}}}
+		}, 4},
+		{"nested: three of three", func(e *engine.Engine) []any {
+			testkit.Deploy(t, e, pipelineDir(t, "inner", map[string]any{"parallel": []string{"one", "one", "one"}}))
+			return []any{map[string]any{"parallel": []string{"inner", "inner", "inner"}}}
+		}, 9},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := testkit.Engine(t, engine.Config{})
+			m := testkit.Slow("one", 20)
+			m.MaxInstances, m.MaxQueue = 1, 2
+			testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+			testkit.Deploy(t, e, pipelineDir(t, "fan", tc.steps(e)...))
+			r := pipeline.New(e, prometheus.NewRegistry())
+			for i := range 3 {
+				req := &call.Request{Input: []byte("abcdefgh")}
+				if err := r.Invoke(context.Background(), "fan", req); err != nil {
+					t.Fatalf("request %d: %v", i, err)
+				}
+				if want := tc.width * 8; len(req.Output) < want {
+					t.Fatalf("request %d: %d bytes, want %d or more", i, len(req.Output), want)
+				}
+			}
+			fi, err := e.Control().Function(context.Background(), "one")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Requests != int64(3*tc.width) {
+				t.Errorf("one served %d requests, want %d", fi.Requests, 3*tc.width)
+			}
+		})
+	}
+}
+
+// A branch waiting for its siblings' runs of its function gives up when
+// another branch fails: the function runs no more of the request's steps.
+func TestAFanOutWaitingStopsWhenABranchFails(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	m := testkit.Slow("one", 300)
+	m.MaxInstances, m.MaxQueue = 1, 1
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	testkit.Deploy(t, e, testkit.UnloadableBundleDir(t, testkit.Manifest("bad")))
+	testkit.Deploy(t, e, pipelineDir(t, "fan", map[string]any{"parallel": []string{"one", "one", "one", "one", "bad"}}))
+	r := pipeline.New(e, prometheus.NewRegistry())
+	err := r.Invoke(context.Background(), "fan", &call.Request{Input: []byte("abcdefgh")})
+	if err == nil || !strings.Contains(err.Error(), "step 0 (bad)") {
+		t.Fatalf("err = %v, want bad's failure", err)
+	}
+	fi, err := e.Control().Function(context.Background(), "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Requests != 1 {
+		t.Errorf("one served %d of the request's steps after bad failed, want the one it had started", fi.Requests)
+	}
+}
