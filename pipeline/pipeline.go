@@ -718,6 +718,16 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 		}
 	}
 	err := firstFailure(errs)
+	if err == nil {
+		// Grown once to the whole: appended a branch at a time, a wide
+		// step's concatenation allocated several times its size (a
+		// review measured 2.7 GiB for a 256 MiB answer of 16 x 16).
+		total := 0
+		for j := range outs {
+			total += len(*outs[j])
+		}
+		dst = slices.Grow(dst, total)
+	}
 	for j := 0; j < n; j++ {
 		*steps = append(*steps, timings[j]...)
 		if err == nil {
