@@ -5,7 +5,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/pipeline"
@@ -147,6 +150,42 @@ func TestAPanicMakingAPlanGivesItsPinsBack(t *testing.T) {
 	for end := time.Now().Add(10 * time.Second); dev.ProgramsClosed.Load() == 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(end) {
 			t.Fatal("echo's version was never closed after a redeploy: the plan that panicked kept its pin")
+		}
+	}
+}
+
+// A pipeline record with no steps (deploys refuse one; written by hand or
+// by another build) fails its requests and its users' with a 500 naming
+// it: planning indexed its first step and panicked, and the pins taken
+// before were kept (a review found it).
+func TestARecordWithNoStepsFailsItsRequests(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "store")
+	fs, err := objectstore.NewFS(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deployer := testkit.Engine(t, engine.Config{Store: fs})
+	testkit.Deploy(t, deployer, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	testkit.Deploy(t, deployer, pipelineDir(t, "inner", "echo"))
+	testkit.Deploy(t, deployer, pipelineDir(t, "outer", "echo", "inner"))
+	path := filepath.Join(dir, "functions", "inner.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	emptied := regexp.MustCompile(`"steps":\s*\[[^\]]*\]`).ReplaceAll(raw, []byte(`"steps":[]`))
+	if bytes.Equal(emptied, raw) {
+		t.Fatalf("no steps in inner's record:\n%s", raw)
+	}
+	if err := os.WriteFile(path, emptied, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := testkit.Engine(t, engine.Config{Store: fs})
+	r := pipeline.New(e, nil)
+	for _, name := range []string{"inner", "outer"} {
+		err := r.Invoke(context.Background(), name, &call.Request{Input: []byte("x")})
+		if errdefs.KindOf(err) != errdefs.KindInternal || !strings.Contains(err.Error(), "pipeline inner has no steps") {
+			t.Errorf("%s: %v, want a 500 saying inner has no steps", name, err)
 		}
 	}
 }

@@ -203,6 +203,9 @@ func (r *Runner) plan(ctx context.Context, name string, top engine.Pin, deadline
 			top.Release()
 		}
 	}()
+	if len(steps) == 0 {
+		return Pin{}, &PlanError{Pipeline: pl.name, Err: noSteps(pl.name)}
+	}
 	for i, s := range steps {
 		st, err := r.expand(ctx, deadline, pl, i, "", s, []string{name})
 		if err != nil {
@@ -210,11 +213,18 @@ func (r *Runner) plan(ctx context.Context, name string, top engine.Pin, deadline
 		}
 		pl.stages = append(pl.stages, st...)
 	}
-	made = true
 	if outs, ok := lastOutputs(pl.stages); ok {
 		markCuts(pl.stages, outs)
 	}
+	made = true // after every step of planning: a panic in one releases the pins
 	return Pin{r, top, pl}, nil
+}
+
+// noSteps is the error of a pipeline whose record has no steps (deploys
+// refuse one; a record written by hand, or by another build, may hold
+// one): planning indexes a pipeline's first and last steps.
+func noSteps(pipeline string) error {
+	return &errdefs.Error{Kind: errdefs.KindInternal, Msg: fmt.Sprintf("pipeline %s has no steps in its record: its requests fail until it is deployed again", pipeline)}
 }
 
 // PlanError is a pipeline that exists but whose steps could not be
@@ -270,6 +280,9 @@ func (r *Runner) expand(ctx context.Context, deadline time.Time, pl *plan, index
 	if slices.Contains(path, s.Function) || len(path) >= pipedef.MaxDepth {
 		return nil, stepError(pl.name, index, prefix+s.String(), &errdefs.Error{Kind: errdefs.KindInternal,
 			Msg: fmt.Sprintf("%s -> %s: pipelines form a cycle or nest deeper than %d (deployed since this pipeline): its requests fail until one of them is deployed again", joinPath(path), s.Function, pipedef.MaxDepth)})
+	}
+	if len(sub) == 0 {
+		return nil, stepError(pl.name, index, prefix+s.String(), noSteps(s.Function))
 	}
 	var out []stage
 	for _, ss := range sub {
