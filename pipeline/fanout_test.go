@@ -6,11 +6,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/pipeline"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // A parallel step fanning out to one function past what it takes at once

@@ -874,8 +874,12 @@ func (x *run) appendCut(dst, out []byte, st *stage, j int) ([]byte, error) {
 	if st.cut != nil && st.cut[j] >= 0 {
 		if n < st.cut[j] {
 			x.failed.Store(true)
-			return dst, &apierr.Error{Status: apierr.BadOutput, Msg: fmt.Sprintf("pipeline %s: step %d (%s): branch %d wrote %d bytes, its declared outputs take %d",
+			err := &apierr.Error{Status: apierr.BadOutput, Msg: fmt.Sprintf("pipeline %s: step %d (%s): branch %d wrote %d bytes, its declared outputs take %d",
 				x.pl.name, st.index, st.label, j, len(out), st.cut[j])}
+			// The step's failure, though each branch ran: counted so,
+			// or the request failed with no step's error counted.
+			x.r.met.observe(x.pl.name, st.index, st.label, 0, err)
+			return dst, err
 		}
 		n = st.cut[j]
 	}

@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/bundle"
@@ -199,10 +202,16 @@ func TestParallelLastShortBranchIsBadOutput(t *testing.T) {
 		testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	}
 	testkit.Deploy(t, e, pipelineDir(t, "p", map[string]any{"parallel": []string{"fa", "fb"}}))
-	err := pipeline.New(e, nil).Invoke(context.Background(), "p", &call.Request{Input: []byte{1, 2, 3, 4}})
+	reg := prometheus.NewRegistry()
+	err := pipeline.New(e, reg).Invoke(context.Background(), "p", &call.Request{Input: []byte{1, 2, 3, 4}})
 	st, _, msg, _ := apierr.Classify(err)
 	if st != apierr.BadOutput || !strings.Contains(msg, "branch 0 wrote 2 bytes, its declared outputs take 4") {
 		t.Fatalf("a 2-byte branch declaring 4: %v %q, want bad_output naming the branch", st, msg)
+	}
+	// Counted as the step's error: each branch ran, and no step's error
+	// was counted for a failed request (a review found it).
+	if n, err := testutil.GatherAndCount(reg, "plover_pipeline_step_errors_total"); err != nil || n != 1 {
+		t.Errorf("step error series: %d (%v), want the parallel step's", n, err)
 	}
 }
 
