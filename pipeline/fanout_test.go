@@ -4,12 +4,15 @@ import (
 	"context"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/pipeline"
 )
@@ -117,5 +120,55 @@ func TestAWideJoinIsAllocatedOnce(t *testing.T) {
 	}
 	if answer := uint64(64 * m.OutBytes); least > 4*answer {
 		t.Errorf("a 16 MiB answer of 8 x 8 branches allocated %d MiB, over 4 times it", least>>20)
+	}
+}
+
+// A step refused because others' requests took the room its sibling's
+// end made, with none of its siblings left in flight, is the request's
+// 429 at once: it waited for an end that could not come, until the
+// request's deadline (a review's probe: 5 s for a 429).
+func TestARefusedStepWithNoSiblingLeftIsTheRequests429(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	m := testkit.Slow("one", 200)
+	m.MaxInstances, m.MaxQueue = 1, 2
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	testkit.Deploy(t, e, pipelineDir(t, "fan", map[string]any{"parallel": []string{"one", "one"}}))
+	ctx := context.Background()
+	if err := e.Invoke(ctx, "one", &call.Request{Input: []byte("abcdefgh")}); err != nil {
+		t.Fatal(err) // loaded: the request's two steps go at once
+	}
+	var calls atomic.Int32
+	hold := make(chan struct{})
+	defer pipeline.SetInvokingHook(func() {
+		if calls.Add(1) == 2 {
+			<-hold // the second branch asks once the first ended and others filled the queue
+		}
+	})()
+	done := make(chan error, 1)
+	go func() {
+		done <- pipeline.New(e, prometheus.NewRegistry()).Invoke(ctx, "fan",
+			&call.Request{Input: []byte("abcdefgh"), Deadline: time.Now().Add(20 * time.Second)})
+	}()
+	testkit.WaitFor(t, e, "one", "the first branch's run", testkit.Busy(1, 0))
+	testkit.WaitFor(t, e, "one", "its end", testkit.Busy(0, 0))
+	others := make(chan error, 3)
+	for range 3 {
+		go func() { others <- e.Invoke(ctx, "one", &call.Request{Input: []byte("abcdefgh")}) }()
+	}
+	testkit.WaitFor(t, e, "one", "others' requests holding its room", testkit.Busy(1, 2))
+	close(hold)
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the refused step waited on (for its deadline)")
+	}
+	if errdefs.KindOf(err) != errdefs.KindBusy {
+		t.Errorf("err = %v, want the function's 429", err)
+	}
+	for range 3 {
+		if err := <-others; err != nil {
+			t.Error(err)
+		}
 	}
 }

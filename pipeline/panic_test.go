@@ -154,38 +154,46 @@ func TestAPanicMakingAPlanGivesItsPinsBack(t *testing.T) {
 	}
 }
 
-// A pipeline record with no steps (deploys refuse one; written by hand or
-// by another build) fails its requests and its users' with a 500 naming
-// it: planning indexed its first step and panicked, and the pins taken
-// before were kept (a review found it).
+// A pipeline record with no steps, or a parallel step with no branches
+// (deploys refuse both; written by hand or by another build), fails its
+// requests and its users' with a 500 naming it: planning indexed its
+// first step and panicked, and the pins taken before were kept (reviews
+// found both).
 func TestARecordWithNoStepsFailsItsRequests(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "store")
-	fs, err := objectstore.NewFS(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	deployer := testkit.Engine(t, engine.Config{Store: fs})
-	testkit.Deploy(t, deployer, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
-	testkit.Deploy(t, deployer, pipelineDir(t, "inner", "echo"))
-	testkit.Deploy(t, deployer, pipelineDir(t, "outer", "echo", "inner"))
-	path := filepath.Join(dir, "functions", "inner.json")
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	emptied := regexp.MustCompile(`"steps":\s*\[[^\]]*\]`).ReplaceAll(raw, []byte(`"steps":[]`))
-	if bytes.Equal(emptied, raw) {
-		t.Fatalf("no steps in inner's record:\n%s", raw)
-	}
-	if err := os.WriteFile(path, emptied, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	e := testkit.Engine(t, engine.Config{Store: fs})
-	r := pipeline.New(e, nil)
-	for _, name := range []string{"inner", "outer"} {
-		err := r.Invoke(context.Background(), name, &call.Request{Input: []byte("x")})
-		if errdefs.KindOf(err) != errdefs.KindInternal || !strings.Contains(err.Error(), "pipeline inner has no steps") {
-			t.Errorf("%s: %v, want a 500 saying inner has no steps", name, err)
-		}
+	for _, tc := range []struct{ steps, want string }{
+		{`"steps":[]`, "pipeline inner has no steps"},
+		{`"steps":[{"parallel":[]}]`, "a parallel step with no branches"},
+	} {
+		t.Run(tc.steps, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "store")
+			fs, err := objectstore.NewFS(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			deployer := testkit.Engine(t, engine.Config{Store: fs})
+			testkit.Deploy(t, deployer, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+			testkit.Deploy(t, deployer, pipelineDir(t, "inner", "echo"))
+			testkit.Deploy(t, deployer, pipelineDir(t, "outer", "echo", "inner"))
+			path := filepath.Join(dir, "functions", "inner.json")
+			raw, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			emptied := regexp.MustCompile(`"steps":\s*\[[^\]]*\]`).ReplaceAll(raw, []byte(tc.steps))
+			if bytes.Equal(emptied, raw) {
+				t.Fatalf("no steps in inner's record:\n%s", raw)
+			}
+			if err := os.WriteFile(path, emptied, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			e := testkit.Engine(t, engine.Config{Store: fs})
+			r := pipeline.New(e, nil)
+			for _, name := range []string{"inner", "outer"} {
+				err := r.Invoke(context.Background(), name, &call.Request{Input: []byte("x")})
+				if errdefs.KindOf(err) != errdefs.KindInternal || !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("%s: %v, want a 500 saying %q", name, err, tc.want)
+				}
+			}
+		})
 	}
 }

@@ -246,6 +246,10 @@ func (e *PlanError) Unwrap() error { return e.Err }
 // through the nested pipelines on path) into stages.
 func (r *Runner) expand(ctx context.Context, deadline time.Time, pl *plan, index int, prefix string, s abi.Step, path []string) ([]stage, error) {
 	if s.Parallel != nil {
+		if len(s.Parallel) == 0 { // deploys refuse one; a record by hand may hold it
+			return nil, stepError(pl.name, index, prefix+s.String(), &errdefs.Error{Kind: errdefs.KindInternal,
+				Msg: "a parallel step with no branches in its record: its requests fail until it is deployed again"})
+		}
 		st := stage{index: index, label: prefix + s.String()}
 		for _, b := range s.Parallel {
 			br, err := r.expand(ctx, deadline, pl, index, prefix, b, path)
@@ -752,10 +756,11 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 }
 
 // invoke runs a step's request. The request's own parallel branches
-// hold at most what the step's pinned version takes at once (max_instances
-// running and max_queue waiting): a step past it waits for one of them to
-// end, and one refused (429) while they hold runs of it waits so and asks
-// again (others' requests took the room meanwhile): a parallel step
+// hold at most what the step's pinned version takes at once (Pin.Room:
+// max_instances running and max_queue waiting): a step past it waits for
+// one of them to end, and one refused (429) while they hold runs of it
+// waits so and asks again (others' requests took the room meanwhile): a
+// parallel step
 // fanning out to one function past what it takes at once filled its
 // queue itself and failed on an idle server (with defaults, 16 branches
 // of 16 nested ones every time), with a 429 that no retry would mend (a
@@ -763,7 +768,7 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 // ended, is the request's: the function is busy with other requests. A
 // version not loaded yet runs one of the request's steps first, then the
 // rest: until then its queue is not known, and steps refused meanwhile
-// counted as its clients' errors.
+// counted as its clients' errors (as a refused retry still does).
 func (x *run) invoke(ctx context.Context, pin engine.Pin, sub *call.Request) error {
 	if x.own == nil { // no parallel step: nothing of its own to wait for
 		return pin.Invoke(ctx, sub)
@@ -774,26 +779,30 @@ func (x *run) invoke(ctx context.Context, pin engine.Pin, sub *call.Request) err
 		f = &inFlight{ended: make(chan struct{})}
 		x.own[pin] = f
 	}
-	// Not loaded yet, what it takes is not known: the first goes alone.
-	// One short of what it takes: a queued request that has just been
-	// given its instance still counts as waiting for a moment, and a step
-	// sent in that moment at the bound was refused.
-	for f.n > 0 && f.n >= pin.Takes()-1 {
-		if err := x.waitEnd(ctx, f); err != nil {
-			return err
-		}
+	// Not loaded yet, what it takes is not known (Room 0): the first
+	// goes alone.
+	if err := x.waitUntil(ctx, f, func() bool { return f.n == 0 || f.n < pin.Room() }); err != nil {
+		return err
 	}
 	f.n++
 	seen := f.ends
 	x.mu.Unlock()
+	if hookInvoking != nil {
+		hookInvoking()
+	}
 	first := *sub
 	err := pin.Invoke(ctx, sub)
 	x.mu.Lock()
 	for errdefs.KindOf(err) == errdefs.KindBusy && (f.n > 1 || f.ends != seen) {
-		// Refused while its siblings held the queue (they filled it
-		// between Full and Invoke): the next end makes room.
+		// Refused while its siblings held runs of it, or one ended
+		// meanwhile: others' requests took the room. Asked again at the
+		// next end, or at once where none is left in flight (the room
+		// an end made is there now; refused again, the 429 is the
+		// request's).
 		f.n--
-		if err = x.waitEnd(ctx, f); err != nil {
+		f.wake()
+		at := f.ends
+		if err := x.waitUntil(ctx, f, func() bool { return f.n == 0 || f.ends != at }); err != nil {
 			return err
 		}
 		f.n++
@@ -805,19 +814,30 @@ func (x *run) invoke(ctx context.Context, pin engine.Pin, sub *call.Request) err
 	}
 	f.n--
 	f.ends++
-	close(f.ended)
-	f.ended = make(chan struct{})
+	f.wake()
 	x.mu.Unlock()
 	return err
 }
 
-// waitEnd waits, with x.mu held and given up meanwhile, for the next end
-// of one of the request's steps in f, and returns with x.mu held again;
-// or, with it not held, the error of a request lost meanwhile (a sibling
-// failed, the client left, its deadline passed, its context ended).
-func (x *run) waitEnd(ctx context.Context, f *inFlight) error {
-	ended := f.ended
-	x.mu.Unlock()
+// hookInvoking, when set (tests), runs as a parallel branch's step has
+// been counted and is about to ask its function.
+var hookInvoking func()
+
+// wake tells the request's steps waiting on f that its count changed.
+func (f *inFlight) wake() {
+	close(f.ended)
+	f.ended = make(chan struct{})
+}
+
+// waitUntil waits, with x.mu held and given up meanwhile, until done
+// (read under x.mu) holds of f's counts, and returns with x.mu held
+// again; or, with it not held, the error of a request lost meanwhile (a
+// sibling failed, the client left, its deadline passed, its context
+// ended).
+func (x *run) waitUntil(ctx context.Context, f *inFlight, done func() bool) error {
+	if done() {
+		return nil
+	}
 	var expired <-chan time.Time
 	if !x.deadline.IsZero() {
 		t := time.NewTimer(time.Until(x.deadline))
@@ -828,11 +848,12 @@ func (x *run) waitEnd(ctx context.Context, f *inFlight) error {
 	// or a client that left, seen within 20 ms, not at the next end.
 	poll := time.NewTicker(20 * time.Millisecond)
 	defer poll.Stop()
-	var err error
-	for err == nil && ended != nil {
+	for !done() {
+		changed := f.ended
+		x.mu.Unlock()
+		var err error
 		select {
-		case <-ended:
-			ended = nil
+		case <-changed:
 		case <-poll.C:
 		case <-ctx.Done():
 			err = &errdefs.Error{Kind: errdefs.KindUnavailable, Err: ctx.Err(), Msg: fmt.Sprintf("pipeline %s: the request was cancelled while a step waited for its parallel siblings", x.pl.name)}
@@ -844,11 +865,12 @@ func (x *run) waitEnd(ctx context.Context, f *inFlight) error {
 			// As a step given up in its function's queue is (stage).
 			err = &errdefs.Error{Kind: errdefs.KindGone, Msg: fmt.Sprintf("pipeline %s: the request was lost (its client left, or a branch failed) while a step waited for its parallel siblings", x.pl.name)}
 		}
-	}
-	if err == nil {
+		if err != nil {
+			return err
+		}
 		x.mu.Lock()
 	}
-	return err
+	return nil
 }
 
 // firstFailure is the first branch's error in the listed order that is
