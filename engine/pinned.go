@@ -78,10 +78,8 @@ func (p Pin) Full() error {
 
 // Room is how many of one caller's requests the pinned version takes at
 // once on this node without refusing one (429): max_instances running
-// and max_queue waiting, less one where it queues (a queued request just
-// given its instance still counts as waiting for a moment, and one sent
-// then at the bound was refused); a batching version's max_queue past its
-// batch's max_items. 0 until it is loaded here: its manifest is not known
+// and max_queue waiting (a batching version: max_queue past its batch's
+// max_items). 0 until it is loaded here: its manifest is not known
 // before.
 func (p Pin) Room() int {
 	if !p.v.loaded.Load() { // loaded: the manifest and policy are written and read-only
@@ -90,10 +88,7 @@ func (p Pin) Room() int {
 	if b := p.v.batch; b != nil {
 		return p.v.policy.queue + b.maxItems
 	}
-	if p.v.policy.queue > 0 {
-		return p.v.policy.max + p.v.policy.queue - 1
-	}
-	return p.v.policy.max
+	return p.v.policy.max + p.v.policy.queue
 }
 
 // full reports a version whose next request would be refused now for its

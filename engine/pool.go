@@ -26,11 +26,21 @@ type pool struct {
 	owner unloader
 
 	// The admission: written by open, before the version is loaded.
-	slots chan struct{} // one token per running request (batch: per run): caps instances
+	max int // max_instances: slots, one per running request (batch: per run)
 	// freed is told when a slot frees (the batcher, whose queued requests
-	// wait for a free slot rather than on the channel); nil: no one.
-	freed   slotWaiter
-	waiting atomic.Int32 // requests queued for a slot
+	// wait for a free slot rather than in queue); nil: no one.
+	freed slotWaiter
+	// adm guards the slots held and the queue; never held across a wait,
+	// nor while p.mu is taken. A slot freed while requests wait is handed
+	// to the oldest under it, so that it counts as running, not waiting,
+	// from that moment: with a channel of slots a waiter given one still
+	// counted as waiting until it ran, and a request sent then at
+	// max_queue was refused (2 closed-loop clients of a function taking
+	// one running and one waiting: 299 of 600 requests 429).
+	adm     sync.Mutex
+	held    int          // slots held
+	queue   []*waiter    // requests waiting for a slot, oldest first
+	waiting atomic.Int32 // len(queue), read without adm
 
 	// backoffUntil (Unix ns, 0: none) fails requests fast after repeated
 	// worker crashes; crashCount is len(crashes), so that the hot path
@@ -63,7 +73,7 @@ type unloader interface{ teardown() }
 // max_instances, freed who waits for slots of its own accord (nil: no
 // one), now the load's end (the version's last use so far).
 func (p *pool) open(e *Engine, runs int, freed slotWaiter, now time.Time) {
-	p.e, p.slots, p.freed = e, make(chan struct{}, runs), freed
+	p.e, p.max, p.freed = e, runs, freed
 	p.mu.Lock()
 	p.lastUsed = now
 	p.mu.Unlock()
@@ -73,18 +83,24 @@ func (p *pool) open(e *Engine, runs int, freed slotWaiter, now time.Time) {
 // whether it waited. The fast path takes no timer and allocates nothing; a
 // full queue fails at once.
 func (p *pool) acquire(ctx context.Context, deadline time.Time, gone func() bool) (waited bool, err error) {
-	if p.trySlot() {
+	p.adm.Lock()
+	if p.held < p.max {
+		p.held++
+		p.adm.Unlock()
 		return false, nil
 	}
-	name := p.v.fn.name
-	if n := p.waiting.Add(1); int(n) > p.v.policy.queue {
-		p.waiting.Add(-1)
+	if len(p.queue) >= p.v.policy.queue {
+		p.adm.Unlock()
 		return true, p.busy()
 	}
-	defer p.waiting.Add(-1)
+	w := &waiter{ready: make(chan struct{})}
+	p.queue = append(p.queue, w)
+	p.waiting.Store(int32(len(p.queue)))
+	p.adm.Unlock()
+	name := p.v.fn.name
 	wait := time.Until(deadline)
 	if wait <= 0 {
-		return true, errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran", name)
+		return true, p.leave(w, errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran", name))
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -96,18 +112,43 @@ func (p *pool) acquire(ctx context.Context, deadline time.Time, gone func() bool
 	}
 	for {
 		select {
-		case p.slots <- struct{}{}:
+		case <-w.ready:
 			return true, nil
 		case <-ctx.Done():
-			return true, errorf(errdefs.KindUnavailable, ctx.Err(), "function %s: the request was cancelled while waiting for one of %d instances", name, cap(p.slots))
+			return true, p.leave(w, errorf(errdefs.KindUnavailable, ctx.Err(), "function %s: the request was cancelled while waiting for one of %d instances", name, p.max))
 		case <-t.C:
-			return true, errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed while it waited for one of %d instances", name, cap(p.slots))
+			return true, p.leave(w, errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed while it waited for one of %d instances", name, p.max))
 		case <-poll:
 			if gone() {
-				return true, errorf(errdefs.KindGone, nil, "function %s: the client went away while the request waited", name)
+				return true, p.leave(w, errorf(errdefs.KindGone, nil, "function %s: the client went away while the request waited", name))
 			}
 		}
 	}
+}
+
+// waiter is a request waiting for a slot: ready is closed once it is
+// handed one (given, under adm).
+type waiter struct {
+	ready chan struct{}
+	given bool
+}
+
+// leave takes w out of the queue as it gives its wait up, and returns
+// err; a slot handed to it meanwhile goes to the next (or back), since its
+// request will not run.
+func (p *pool) leave(w *waiter, err error) error {
+	p.adm.Lock()
+	if w.given {
+		p.freeLocked()
+	} else if i := slices.Index(p.queue, w); i >= 0 {
+		p.queue = slices.Delete(p.queue, i, i+1)
+		p.waiting.Store(int32(len(p.queue)))
+	}
+	p.adm.Unlock()
+	if w.given && p.freed != nil {
+		p.freed.dispatch()
+	}
+	return err
 }
 
 // goneInterval is how often a queued request checks for its client.
@@ -115,29 +156,53 @@ const goneInterval = 20 * time.Millisecond
 
 // trySlot takes a slot if one is free now, waiting for nothing.
 func (p *pool) trySlot() bool {
-	select {
-	case p.slots <- struct{}{}:
+	p.adm.Lock()
+	defer p.adm.Unlock()
+	if p.held < p.max {
+		p.held++
 		return true
-	default:
-		return false
 	}
+	return false
 }
 
 // dropSlot gives back a slot without telling freed: for its own use, from
 // under its lock.
-func (p *pool) dropSlot() { <-p.slots }
+func (p *pool) dropSlot() {
+	p.adm.Lock()
+	p.freeLocked()
+	p.adm.Unlock()
+}
+
+// freeLocked frees a slot: the oldest waiting request's now, or none's.
+// Called with adm held.
+func (p *pool) freeLocked() {
+	if len(p.queue) > 0 {
+		w := p.queue[0]
+		p.queue[0] = nil
+		p.queue = p.queue[1:]
+		p.waiting.Store(int32(len(p.queue)))
+		w.given = true
+		close(w.ready)
+		return
+	}
+	p.held--
+}
 
 // release gives back a slot. A batching function's queued requests wait
-// for a free slot rather than on the channel, so they are told.
+// for a free slot rather than in queue, so they are told.
 func (p *pool) release() {
-	<-p.slots
+	p.dropSlot()
 	if p.freed != nil {
 		p.freed.dispatch()
 	}
 }
 
 // slotFree reports a slot free now.
-func (p *pool) slotFree() bool { return len(p.slots) < cap(p.slots) }
+func (p *pool) slotFree() bool {
+	p.adm.Lock()
+	defer p.adm.Unlock()
+	return p.held < p.max
+}
 
 // busy is the 429 of a version whose queue is full (a batching one: its
 // batch queue).
@@ -146,12 +211,14 @@ func (p *pool) busy() *errdefs.Error {
 	if v.batch != nil {
 		return errorf(errdefs.KindBusy, nil, "function %s is busy: its batch queue holds max_queue %d plus a batch", v.fn.name, v.policy.queue)
 	}
-	return errorf(errdefs.KindBusy, nil, "function %s is busy: %d instances running and %d requests waiting (max_queue)", v.fn.name, cap(p.slots), v.policy.queue)
+	return errorf(errdefs.KindBusy, nil, "function %s is busy: %d instances running and %d requests waiting (max_queue)", v.fn.name, p.max, v.policy.queue)
 }
 
 // full reports every slot taken and queue requests waiting for one.
 func (p *pool) full(queue int) bool {
-	return len(p.slots) == cap(p.slots) && int(p.waiting.Load()) >= queue
+	p.adm.Lock()
+	defer p.adm.Unlock()
+	return p.held == p.max && len(p.queue) >= queue
 }
 
 // queued is the requests waiting for a slot.
@@ -278,7 +345,15 @@ func (p *pool) put(in *instance, broken bool, now time.Time) {
 func (p *pool) building() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.slots) > p.live-len(p.idle)
+	return p.heldNow() > p.live-len(p.idle)
+}
+
+// heldNow is the slots held now (adm is taken under p.mu, never the
+// other way round).
+func (p *pool) heldNow() int {
+	p.adm.Lock()
+	defer p.adm.Unlock()
+	return p.held
 }
 
 // instances is how many instances exist, and whether the pool retired.
