@@ -115,6 +115,15 @@ type Build struct {
 	NVCCFlags []string `json:"nvccflags,omitempty"`
 }
 
+// RequestOutBytes is the most output bytes one request gets: out_bytes, or
+// a batching function's item_output_bytes (a batch's out is its items').
+func (m *Manifest) RequestOutBytes() int64 {
+	if m.Batch != nil {
+		return m.Batch.ItemOutputBytes
+	}
+	return m.OutBytes
+}
+
 // Graphs reports whether a CUDA device may record and replay the chain.
 func (m *Manifest) Graphs() bool { return m.Graph == nil || *m.Graph }
 

@@ -148,6 +148,11 @@ type Version struct {
 	// door can refuse a body no version could take before reading it, and
 	// before the bundle is fetched (0 in records written before it).
 	MaxInputBytes int64 `json:"max_input_bytes,omitempty"`
+	// OutBytes copies the most output bytes one request gets (the
+	// manifest's out_bytes; a batching function's item_output_bytes), so
+	// that a pipeline can bound what its steps' outputs hold before they
+	// are loaded (0 in records written before it).
+	OutBytes int64 `json:"out_bytes,omitempty"`
 	// Tensors copies the manifest's tensor declaration, so that /v2 model
 	// metadata needs no bundle fetch.
 	Tensors *abi.Tensors `json:"tensors,omitempty"`

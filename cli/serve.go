@@ -83,6 +83,7 @@ type serveFlags struct {
 	origins                                          originsFlag
 	maxConns, maxConnsPerClient                      int
 	maxBodyMemMB                                     int64
+	maxPipeMemMB                                     int64
 	sched, schedPolicy, evictPolicy                  string
 	deviceRuns, floodRuns, sharedRuns, ioSlots       int
 	copyPieceKiB                                     int
@@ -167,6 +168,7 @@ func serveCmd() *command {
 			fs.IntVar(&f.maxConns, "max-conns", 0, "open connections at most; more are closed at once (0: derived from the descriptor limit)")
 			fs.IntVar(&f.maxConnsPerClient, "max-conns-per-client", 0, "open connections at most from one client address, so one client cannot hold every slot (0: half of --max-conns; behind a proxy, every connection is the proxy's: raise it)")
 			fs.Int64Var(&f.maxBodyMemMB, "max-body-memory", 1024, "MiB of request bodies (and gRPC inference messages) held in memory at once; past it requests wait up to 5 s, then get 503 (0: no limit)")
+			fs.Int64Var(&f.maxPipeMemMB, "max-pipeline-memory", 1024, "MiB of pipeline steps' outputs held in memory at once: each pipeline request holds the most its steps' outputs take at once (by their out_bytes) while it runs; past it requests wait up to 5 s, then get 503; a request needing more than all of it runs alone (0: no limit)")
 			fs.StringVar(&f.schedPolicy, "sched-policy", sched.DefaultPolicy, "the order in which queued runs get the device, one of the registered policies: "+strings.Join(sched.Policies(), ", ")+" (wfq: weighted fair by device time within priority classes; fifo: as they came, shares and priorities ignored)")
 			fs.StringVar(&f.evictPolicy, "evict", evict.Default, "what goes first when a device is short of memory, one of the registered policies: "+strings.Join(evict.Names(), ", ")+" (idle instances before programs; lru: least recently used first; largest: the most memory first)")
 			fs.StringVar(&f.sched, "sched", "fair", "how runs share a device: fair (by manifest share and priority, with slots kept for functions between requests) | fair-no-reserve (every slot to whoever waits) | off (as they come: for comparison)")
@@ -313,7 +315,7 @@ func checkServeFlags(f *serveFlags, env *Env) error {
 	for _, c := range []struct {
 		name     string
 		v, least int64
-	}{{"max-body", int64(f.maxBodyMB), 1}, {"memory-limit", f.memLimitMB, 0}, {"cache-limit", f.cacheMB, 0}, {"max-body-memory", f.maxBodyMemMB, 0},
+	}{{"max-body", int64(f.maxBodyMB), 1}, {"memory-limit", f.memLimitMB, 0}, {"cache-limit", f.cacheMB, 0}, {"max-body-memory", f.maxBodyMemMB, 0}, {"max-pipeline-memory", f.maxPipeMemMB, 0},
 		{"worker-max-memory", f.workerMaxMemMB, 0}, {"max-pinned-memory", f.maxPinnedMB, 0}} {
 		if err := mibFlag(c.name, c.v, c.least); err != nil {
 			return usagef(env, "serve", "%v", err)
@@ -545,6 +547,10 @@ func newDoor(f *serveFlags, n *node, front *frontDoor, reg *prometheus.Registry,
 		tokens = front.tokens
 	}
 	run, met := pipeline.New(n.eng, reg), reqmetrics.New(reg)
+	outs := netguard.NewBudget(f.maxPipeMemMB << 20) // checked: checkServeFlags
+	run.Bound(outs)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "plover_pipeline_memory_bytes",
+		Help: "Bytes of pipeline steps' outputs that running pipeline requests hold room for now, of --max-pipeline-memory."}, func() float64 { return float64(outs.InUse()) }))
 	n.eng.Forgets(run, met) // a deleted function's series go, and its label's slot
 	return frontdoor.New(frontdoor.Config{Runner: run, Gate: gate.New(tokens, reg), Metrics: met, Tracer: tr, Log: log})
 }

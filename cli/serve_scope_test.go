@@ -38,6 +38,7 @@ func TestServeWorkerFlagRefusals(t *testing.T) {
 		{"cache past an int64", []string{"--cache-limit", "8796093022208"}, "--cache-limit 8796093022208: want 0 (no limit) to 8796093022207 MiB"},
 		{"worker memory past an int64", []string{"--worker-max-memory", "9999999999999999"}, "--worker-max-memory 9999999999999999"},
 		{"negative pinned memory", []string{"--max-pinned-memory", "-1"}, "--max-pinned-memory -1"},
+		{"negative pipeline memory", []string{"--max-pipeline-memory", "-1"}, "--max-pipeline-memory -1: want 0 (no limit) to"},
 		{"negative flood runs", []string{"--flood-runs", "-1"}, "--flood-runs -1: want 0 (all runs but the reserve) or more"},
 		{"negative shared runs", []string{"--shared-runs", "-1"}, "--shared-runs -1: want 0 (the device's default) or more"},
 		{"no reserve hold", []string{"--reserve-hold", "0s"}, "--reserve-hold 0s: want a positive duration"},

@@ -64,6 +64,17 @@ func (p Pin) MaxInput() int64 {
 	return p.v.rec.MaxInputBytes
 }
 
+// OutBytes is the most output bytes one request to the pinned version
+// gets (abi.Manifest.RequestOutBytes), known before it is loaded from the
+// record's copy; 0 when unknown (a record written before the copy, not
+// loaded yet) or for a pipeline.
+func (p Pin) OutBytes() int64 {
+	if p.v.loaded.Load() { // loaded: the manifest is written and read-only
+		return p.v.manifest.RequestOutBytes()
+	}
+	return p.v.rec.OutBytes
+}
+
 // Full is the 429 a request to the pinned version would get now for its
 // full queue (max_queue), or nil: a front door asks before it reads a
 // request's body, so that a flood of large bodies for one function is

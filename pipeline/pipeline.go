@@ -53,6 +53,7 @@ type Runner struct {
 	e    Engine
 	met  *metrics
 	bufs sync.Pool // *[]byte: intermediate outputs
+	mem  Memory    // nil: pipelines' outputs bounded by nothing (Bound)
 }
 
 // New returns a Runner over e, registering the per-step metrics on reg
@@ -144,7 +145,8 @@ type plan struct {
 	// by several steps runs one version in a request, whatever deploys
 	// land while the plan is made.
 	pinned    map[pinKey]engine.Pin
-	functions int // function steps, nested pipelines and parallel steps multiplied out
+	functions int   // function steps, nested pipelines and parallel steps multiplied out
+	holds     int64 // the most bytes of step outputs a request holds at once (Pin.Holds)
 }
 
 // stage is a function, or parallel branches given the same input whose
@@ -216,6 +218,7 @@ func (r *Runner) plan(ctx context.Context, name string, top engine.Pin, deadline
 	if outs, ok := lastOutputs(pl.stages); ok {
 		markCuts(pl.stages, outs)
 	}
+	pl.holds, _ = seqHolds(pl.stages)
 	made = true // after every step of planning: a panic in one releases the pins
 	return Pin{r, top, pl}, nil
 }
@@ -445,7 +448,13 @@ func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error 
 	}
 	x := run{r: p.r, pl: p.plan, deadline: req.Deadline, gone: req.Gone, t0: t0}
 	req.Start, req.BatchSize, req.Version = call.Hot, 0, p.top.Version().ID
-	out, err := x.seq(ctx, p.plan.stages, req.Input, req.Output[:0], &req.Steps, true)
+	// A request refused room is counted as one that ran and failed.
+	out := req.Output[:0]
+	release, err := x.hold(ctx)
+	if err == nil {
+		defer release()
+		out, err = x.seq(ctx, p.plan.stages, req.Input, out, &req.Steps, true)
+	}
 	req.Output = out
 	req.Copied = x.copied.Load()
 	t := call.Timing{}

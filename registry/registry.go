@@ -441,7 +441,7 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 			return nil, nil
 		}
 		unchanged = nil
-		v := api.Version{ID: id, SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, Tensors: m.Tensors, Share: m.Share, Target: m.Target, Label: label, Tenant: tenant}
+		v := api.Version{ID: id, SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, OutBytes: m.RequestOutBytes(), Tensors: m.Tensors, Share: m.Share, Target: m.Target, Label: label, Tenant: tenant}
 		if m.IsPipeline() {
 			v.Kind, v.Steps = m.Kind, m.Steps
 		}

@@ -458,3 +458,40 @@ func deployDigits(t *testing.T, bin string, env []string) {
 		run(t, bin, env, "deploy", dir)
 	}
 }
+
+// A real server holds each pipeline request's outputs in
+// --max-pipeline-memory while it runs (plover_pipeline_memory_bytes): a
+// request needing the whole budget runs alone, one beside it waits and
+// gets its 504 at its deadline, naming the flag, and the budget is whole
+// again once the first has answered.
+func TestPipelinesHoldTheirOutputsInTheServersBudget(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries and starts a server")
+	}
+	bin := buildPlover(t)
+	srv := startServer(t, bin, "--max-pipeline-memory", "1")
+	env := []string{"PLOVER_SERVER=" + srv.url}
+	m := testkit.Slow("big-slow", 1000)
+	m.OutBytes = 1 << 20 // the whole budget
+	run(t, bin, env, "deploy", testkit.BundleDir(t, m, nil))
+	run(t, bin, env, "deploy", pipelineDir(t, "held", "big-slow"))
+	held := func() float64 { return metric(t, srv.url, "plover_pipeline_memory_bytes") }
+	if got := held(); got != 0 {
+		t.Fatalf("plover_pipeline_memory_bytes %v before any request", got)
+	}
+	first := make(chan pipeResp, 1)
+	go func() { first <- pipeInvoke(t, srv.url, "held", []byte("abcdefgh")) }()
+	for end := time.Now().Add(20 * time.Second); held() != 1<<20; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("plover_pipeline_memory_bytes %v while a request needing 1 MiB runs", held())
+		}
+	}
+	r := pipeInvoke(t, srv.url, "held", []byte("abcdefgh"), "X-Plover-Timeout-Ms", "200")
+	if r.code != 504 || !strings.Contains(string(r.body), "--max-pipeline-memory") {
+		t.Errorf("beside a request holding the whole budget: %d %s, want a 504 naming --max-pipeline-memory", r.code, r.body)
+	}
+	(<-first).ok(t, "the request holding the budget")
+	if got := held(); got != 0 {
+		t.Errorf("plover_pipeline_memory_bytes %v after the requests", got)
+	}
+}

@@ -1,0 +1,110 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/apierr"
+	"github.com/plover-run/plover/errdefs"
+)
+
+// Memory is a node's budget of the bytes its pipeline requests' step
+// outputs hold (netguard.Budget): Acquire takes n, waiting until they fit
+// or ctx ends, clamped to the budget so that a request needing more than
+// all of it runs alone rather than never; Release gives the same n back.
+type Memory interface {
+	Acquire(ctx context.Context, n int64) error
+	Release(n int64)
+}
+
+// memoryWait is the most a pipeline request waits for room in its node's
+// Memory before a 503, as a body waits for --max-body-memory.
+var memoryWait = 5 * time.Second
+
+// Bound makes every pipeline request hold its plan's Holds bytes of m
+// while it runs (plover serve --max-pipeline-memory); nil: no bound. Set
+// before the first request.
+func (r *Runner) Bound(m Memory) { r.mem = m }
+
+// Holds is the most bytes of step outputs the pinned pipeline's request
+// holds at once, its answer included, each step's output counted at its
+// function's out_bytes (a step whose out_bytes is not known yet, a record
+// written before it was copied, at abi.MaxBufferBytes); 0 for a function.
+func (p Pin) Holds() int64 {
+	if p.plan == nil {
+		return 0
+	}
+	return p.plan.holds
+}
+
+// seqHolds is what stages run in order hold at their peak, and the bytes
+// of their output: while a stage runs the one before it holds its output
+// (the stage's input: the caller's, for the first), the stage its own.
+func seqHolds(stages []stage) (peak, out int64) {
+	for i := range stages {
+		p, o := stageHolds(&stages[i])
+		peak = max(peak, out+p)
+		out = o
+	}
+	return peak, out
+}
+
+// stageHolds is what one stage holds at its peak, its output included, and
+// the bytes of its output: a function's out_bytes; for parallel branches,
+// all of them at their peaks at once, or their outputs twice over while
+// they are joined into one (the join is allocated whole before they go).
+func stageHolds(st *stage) (peak, out int64) {
+	if st.par == nil {
+		out = st.pin.OutBytes()
+		if out <= 0 {
+			out = abi.MaxBufferBytes
+		}
+		return out, out
+	}
+	var peaks int64
+	for _, b := range st.par {
+		p, o := seqHolds(b)
+		peaks += p
+		out += o
+	}
+	return max(peaks, 2*out), out
+}
+
+// hold takes the request's bytes of the node's Memory, waiting at most
+// memoryWait or until the request's deadline; release gives them back.
+func (x *run) hold(ctx context.Context) (release func(), err error) {
+	m, n := x.r.mem, x.pl.holds
+	if m == nil || n <= 0 {
+		return func() {}, nil
+	}
+	until := time.Now().Add(memoryWait)
+	byDeadline := !x.deadline.IsZero() && x.deadline.Before(until)
+	if byDeadline {
+		until = x.deadline
+	}
+	wctx, cancel := context.WithDeadline(ctx, until)
+	err = m.Acquire(wctx, n)
+	cancel()
+	switch {
+	case err == nil:
+		return func() { m.Release(n) }, nil
+	case ctx.Err() != nil:
+		// As the engine's waits: a client that left is told by
+		// req.Gone, not ctx, whose end is the server's.
+		return nil, &errdefs.Error{Kind: errdefs.KindUnavailable, Msg: fmt.Sprintf("pipeline %s: the request was cancelled while it waited for room for its steps' outputs", x.pl.name), Err: ctx.Err()}
+	case byDeadline && errors.Is(err, context.DeadlineExceeded):
+		return nil, &errdefs.Error{Kind: errdefs.KindTimeout, Msg: fmt.Sprintf("pipeline %s: the request's deadline passed while it waited for room for its steps' outputs (%s at most at once) among what the server's pipelines hold (plover serve --max-pipeline-memory)", x.pl.name, mib(n))}
+	}
+	return nil, &apierr.Error{Status: apierr.Unavailable, Msg: fmt.Sprintf("pipeline %s: no room for its steps' outputs (%s at most at once) among what the server's pipelines hold (plover serve --max-pipeline-memory) within %v; retry shortly", x.pl.name, mib(n), memoryWait)}
+}
+
+// mib is n bytes in MiB, for messages.
+func mib(n int64) string {
+	if n < 1<<20 {
+		return fmt.Sprintf("%d bytes", n)
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}
