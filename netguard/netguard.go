@@ -587,11 +587,18 @@ func DefaultMaxConns(nofile uint64) int {
 // large one can wait for as long as smaller ones keep the budget too full
 // for it; callers bound that wait with ctx.
 //
+// A Budget made by NewOrderedBudget serves waiters in order instead: an
+// Acquire waits behind every waiter before it, even one that fits, so that
+// a large request (one clamped to the whole budget) is served once the
+// bytes before it come back rather than never; a small one may wait behind
+// it.
+//
 // A Budget with a max <= 0, or a nil *Budget, is unlimited: Acquire returns
 // at once. A Budget is safe for concurrent use.
 type Budget struct {
-	max   int64
-	inUse atomic.Int64 // changed under mu when max > 0
+	max     int64
+	ordered bool
+	inUse   atomic.Int64 // changed under mu when max > 0
 
 	mu      sync.Mutex
 	waiters list.List // of *waiter, oldest first
@@ -609,6 +616,18 @@ func NewBudget(maxBytes int64) *Budget {
 	return &Budget{max: max(maxBytes, 0)}
 }
 
+// NewOrderedBudget returns a Budget of maxBytes bytes that serves its
+// waiters in order; maxBytes <= 0 means unlimited.
+func NewOrderedBudget(maxBytes int64) *Budget {
+	return &Budget{max: max(maxBytes, 0), ordered: true}
+}
+
+// fits reports whether n more bytes may be taken now, ahead of every
+// waiter: they fit, and an ordered Budget has no waiter. b.mu is held.
+func (b *Budget) fits(n int64) bool {
+	return b.inUse.Load()+n <= b.max && (!b.ordered || b.waiters.Len() == 0)
+}
+
 // TryAcquire takes n bytes if they fit now (clamped as in Acquire) and
 // reports whether it did; it never waits and never allocates, for callers
 // that only build a deadline when they must wait.
@@ -623,7 +642,7 @@ func (b *Budget) TryAcquire(n int64) bool {
 	n = min(n, b.max)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.inUse.Load()+n <= b.max {
+	if b.fits(n) {
 		b.inUse.Add(n)
 		return true
 	}
@@ -645,7 +664,7 @@ func (b *Budget) Acquire(ctx context.Context, n int64) error {
 	n = min(n, b.max)
 
 	b.mu.Lock()
-	if b.inUse.Load()+n <= b.max {
+	if b.fits(n) {
 		b.inUse.Add(n)
 		b.mu.Unlock()
 		return nil
@@ -670,6 +689,9 @@ func (b *Budget) Acquire(ctx context.Context, n int64) error {
 		b.grant()
 	default:
 		b.waiters.Remove(e)
+		if b.ordered {
+			b.grant() // the waiters behind it may fit now
+		}
 	}
 	b.mu.Unlock()
 	return ctx.Err()
@@ -700,10 +722,23 @@ func (b *Budget) Release(n int64) {
 	b.mu.Unlock()
 }
 
-// grant hands the free bytes to the waiters that fit, oldest first. b.mu is
-// held.
+// grant hands the free bytes to the waiters that fit, oldest first (an
+// ordered Budget: up to the first that does not). b.mu is held.
 func (b *Budget) grant() {
 	free := b.max - b.inUse.Load()
+	if b.ordered {
+		for e := b.waiters.Front(); e != nil; e = b.waiters.Front() {
+			w := e.Value.(*waiter)
+			if w.n > free {
+				return
+			}
+			free -= w.n
+			b.inUse.Add(w.n)
+			b.waiters.Remove(e)
+			close(w.ready)
+		}
+		return
+	}
 	if b.waiters.Len() == 0 || free < b.minWait {
 		return
 	}

@@ -935,6 +935,55 @@ func TestBudgetSmallPassesLarge(t *testing.T) {
 	}
 }
 
+// An ordered budget serves its waiters in order: a small request that
+// fits waits behind a large one (which a steady stream of small ones would
+// otherwise keep out for good), the large one is served once the bytes
+// before it come back, and a waiter that gives up lets those behind it in.
+func TestOrderedBudgetServesInOrder(t *testing.T) {
+	b := NewOrderedBudget(100)
+	bg := context.Background()
+	if err := b.Acquire(bg, 60); err != nil {
+		t.Fatal(err)
+	}
+	large := acquireAsync(bg, b, 80)
+	waitFor(t, 5*time.Second, "large waiter", func() bool { return b.waiting() == 1 })
+	if b.TryAcquire(30) {
+		t.Fatal("TryAcquire passed a waiter")
+	}
+	small := acquireAsync(bg, b, 30)
+	waitFor(t, 5*time.Second, "small waiter", func() bool { return b.waiting() == 2 })
+	notYet(t, small)
+	b.Release(60)
+	if err := recv(t, large); err != nil {
+		t.Fatal(err)
+	}
+	notYet(t, small) // 20 free: not its 30
+	b.Release(80)
+	if err := recv(t, small); err != nil {
+		t.Fatal(err)
+	}
+
+	// A waiter at the head that gives up lets a smaller one behind it in.
+	gives, cancel := context.WithCancel(bg)
+	big := acquireAsync(gives, b, 90)
+	waitFor(t, 5*time.Second, "big waiter", func() bool { return b.waiting() == 1 })
+	behind := acquireAsync(bg, b, 40)
+	waitFor(t, 5*time.Second, "waiter behind", func() bool { return b.waiting() == 2 })
+	notYet(t, behind)
+	cancel()
+	if err := recv(t, big); err == nil {
+		t.Fatal("a cancelled waiter was granted")
+	}
+	if err := recv(t, behind); err != nil {
+		t.Fatal(err)
+	}
+	b.Release(30)
+	b.Release(40)
+	if b.InUse() != 0 || b.waiting() != 0 {
+		t.Fatalf("InUse %d, %d waiting; want 0, 0", b.InUse(), b.waiting())
+	}
+}
+
 func TestBudgetReleaseGrantsSeveral(t *testing.T) {
 	b := NewBudget(100)
 	bg := context.Background()

@@ -82,8 +82,11 @@ func TestAFanOutWaitingStopsWhenABranchFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fi.Requests != 1 {
-		t.Errorf("one served %d of the request's steps after bad failed, want the one it had started", fi.Requests)
+	// A step that waited in one's queue when bad failed gave its wait up,
+	// counted as one's 499 (a client error): whether one was loaded and
+	// had taken it by then is a race of this test's.
+	if ran := fi.Requests - fi.ClientErrors; ran != 1 || fi.Errors != 0 {
+		t.Errorf("one ran %d of the request's steps (%d requests, %d client errors, %d errors), want the one it had started", ran, fi.Requests, fi.ClientErrors, fi.Errors)
 	}
 }
 

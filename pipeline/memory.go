@@ -12,13 +12,25 @@ import (
 )
 
 // Memory is a node's budget of the bytes its pipeline requests' step
-// outputs hold (netguard.Budget): Acquire takes n, waiting until they fit
-// or ctx ends, clamped to the budget so that a request needing more than
-// all of it runs alone rather than never; Release gives the same n back.
+// outputs hold (netguard.NewOrderedBudget): TryAcquire takes n if they fit
+// now, Acquire waiting until they fit or ctx ends, both clamped to the
+// budget, so that a request needing more than all of it runs alone; an
+// ordered budget serves waiters in order, so that it runs rather than
+// never. Release gives the same n back.
 type Memory interface {
+	TryAcquire(n int64) bool
 	Acquire(ctx context.Context, n int64) error
 	Release(n int64)
 }
+
+// goneInterval is how often a request waiting for room checks for its
+// client, as one in a function's queue does.
+const goneInterval = 20 * time.Millisecond
+
+var (
+	errWaited     = errors.New("pipeline: waited its most for room")
+	errClientGone = errors.New("pipeline: the client went away")
+)
 
 // memoryWait is the most a pipeline request waits for room in its node's
 // Memory before a 503, as a body waits for --max-body-memory.
@@ -46,6 +58,7 @@ func (p Pin) Holds() int64 {
 func seqHolds(stages []stage) (peak, out int64) {
 	for i := range stages {
 		p, o := stageHolds(&stages[i])
+		stages[i].out = o
 		peak = max(peak, out+p)
 		out = o
 	}
@@ -80,17 +93,45 @@ func (x *run) hold(ctx context.Context) (release func(), err error) {
 	if m == nil || n <= 0 {
 		return func() {}, nil
 	}
+	release = func() { m.Release(n) }
+	if m.TryAcquire(n) {
+		return release, nil
+	}
 	until := time.Now().Add(memoryWait)
 	byDeadline := !x.deadline.IsZero() && x.deadline.Before(until)
 	if byDeadline {
 		until = x.deadline
 	}
-	wctx, cancel := context.WithDeadline(ctx, until)
+	wctx, cancel := context.WithDeadlineCause(ctx, until, errWaited)
+	defer cancel()
+	if x.gone != nil {
+		// A client that leaves gives its place up, as in the engine's
+		// queues: not a 503 5 s later, nor room taken for no one.
+		gctx, gcancel := context.WithCancelCause(wctx)
+		defer gcancel(nil)
+		wctx = gctx
+		go func() {
+			tk := time.NewTicker(goneInterval)
+			defer tk.Stop()
+			for {
+				select {
+				case <-gctx.Done():
+					return
+				case <-tk.C:
+					if x.gone() {
+						gcancel(errClientGone)
+						return
+					}
+				}
+			}
+		}()
+	}
 	err = m.Acquire(wctx, n)
-	cancel()
-	switch {
+	switch cause := context.Cause(wctx); {
 	case err == nil:
-		return func() { m.Release(n) }, nil
+		return release, nil
+	case errors.Is(cause, errClientGone):
+		return nil, &errdefs.Error{Kind: errdefs.KindGone, Msg: fmt.Sprintf("pipeline %s: the client went away while the request waited for room for its steps' outputs", x.pl.name)}
 	case ctx.Err() != nil:
 		// As the engine's waits: a client that left is told by
 		// req.Gone, not ctx, whose end is the server's.

@@ -163,6 +163,10 @@ type stage struct {
 	// branch's bytes and not from a sibling's padding. nil: outputs are
 	// concatenated whole.
 	cut []int64
+	// out is the most bytes its output takes (stageHolds), set with the
+	// plan's holds: seq drops a buffer too small for it before the stage
+	// runs rather than holding it beside the one the stage makes.
+	out int64
 }
 
 // Pin resolves name, and if it is a pipeline every function of its steps
@@ -534,11 +538,19 @@ func (x *run) seq(ctx context.Context, stages []stage, in, out []byte, steps *[]
 		}
 		last := i == len(stages)-1
 		dst := out[:0]
-		if !last {
+		if last {
+			// The output of the stage before the one before is not read
+			// again: not held beside the answer (Pin.Holds counts a
+			// stage's input and its own).
+			if b := bufs[i%2]; b != nil {
+				bufs[i%2] = nil
+				x.r.putBuf(b)
+			}
+		} else {
 			if bufs[i%2] == nil {
 				bufs[i%2] = x.r.getBuf()
 			}
-			dst = (*bufs[i%2])[:0]
+			dst = fitting(bufs[i%2], st.out)
 		}
 		res, err := x.stage(ctx, st, cur, dst, steps, client && i == 0)
 		if last {
@@ -631,7 +643,8 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 				x.failed.Store(true)
 			}
 		}()
-		*outs[j], errs[j] = x.seq(ctx, st.par[j], in, (*outs[j])[:0], &timings[j], client)
+		br := st.par[j]
+		*outs[j], errs[j] = x.seq(ctx, br, in, fitting(outs[j], br[len(br)-1].out), &timings[j], client)
 	}
 	var wg sync.WaitGroup
 	for j := 1; j < n; j++ {
@@ -741,6 +754,16 @@ func stepError(pipeline string, index int, label string, err error) error {
 		return &errdefs.Error{Kind: ee.Kind, Msg: fmt.Sprintf("pipeline %s: step %d (%s): %s", pipeline, index, label, ee.Msg), Err: err}
 	}
 	return &errdefs.Error{Kind: errdefs.KindInternal, Msg: fmt.Sprintf("pipeline %s: step %d (%s) failed", pipeline, index, label), Err: err}
+}
+
+// fitting is *b emptied to be written again, or nil, *b dropped, where it
+// is too small for n bytes: the step writing there makes its own, and the
+// old one goes now rather than beside it (Pin.Holds counts one).
+func fitting(b *[]byte, n int64) []byte {
+	if int64(cap(*b)) < n {
+		*b = nil
+	}
+	return (*b)[:0]
 }
 
 // keptBuf bounds the intermediate buffers the pool keeps, as the HTTP

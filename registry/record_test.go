@@ -208,6 +208,59 @@ func TestEarlierRecordsStillChange(t *testing.T) {
 	}
 }
 
+// An unchanged deploy of a version whose record was written before the
+// manifest's out_bytes and max_input_bytes were copied into it fills them
+// in (a pipeline reckoned such a step at 1 GiB until it was loaded, and
+// deploying the same bundle again changed nothing); it still makes no new
+// version, and a record that has them is not written again.
+func TestAnUnchangedDeployFillsInTheCopies(t *testing.T) {
+	ctx := context.Background()
+	fs := newFS(t)
+	g := Registry{Store: fs}
+	m := &abi.Manifest{Name: "fn", Priority: "default", MaxInputBytes: 64, OutBytes: 256}
+	v, err := publishBody(t, g, m, "a bundle", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.OutBytes != 256 || v.MaxInputBytes != 64 {
+		t.Fatalf("deployed with out_bytes %d, max_input_bytes %d; want 256, 64", v.OutBytes, v.MaxInputBytes)
+	}
+	// As an earlier build wrote it.
+	rec, err := g.Get(ctx, "fn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Versions[0].OutBytes, rec.Versions[0].MaxInputBytes = 0, 0
+	b, _ := json.Marshal(rec)
+	if err := fs.Put(ctx, recordKey("fn"), bytes.NewReader(b), int64(len(b))); err != nil {
+		t.Fatal(err)
+	}
+	again, err := publishBody(t, g, m, "a bundle", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err = g.Get(ctx, "fn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.ID != v.ID || len(rec.Versions) != 1 {
+		t.Fatalf("the same bundle again made version %s (%d versions), want %s alone", again.ID, len(rec.Versions), v.ID)
+	}
+	if got := rec.Versions[0]; got.OutBytes != 256 || got.MaxInputBytes != 64 || again.OutBytes != 256 {
+		t.Errorf("after the same bundle again: record out_bytes %d, max_input_bytes %d, answer's out_bytes %d; want 256, 64, 256", got.OutBytes, got.MaxInputBytes, again.OutBytes)
+	}
+	st, err := fs.Stat(ctx, recordKey("fn"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := publishBody(t, g, m, "a bundle", false); err != nil {
+		t.Fatal(err)
+	}
+	if st2, err := fs.Stat(ctx, recordKey("fn")); err != nil || st2.ETag != st.ETag {
+		t.Errorf("a record with its copies was written again by an unchanged deploy (%v)", err)
+	}
+}
+
 // A record that does not decode fails no other function's listing,
 // delete or rollback, and is itself deleted; gc deletes no bundle while
 // it is there (it may name any). Before, every List failed on it (GET

@@ -438,7 +438,7 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 		// repairs a missing or damaged bundle object.
 		if cv, err := r.CurrentVersion(); !force && err == nil && cv.SHA256 == sha && cv.Label == label && cv.Tenant == tenant {
 			unchanged = &cv
-			return nil, nil
+			return fillCopies(r, unchanged, m), nil
 		}
 		unchanged = nil
 		v := api.Version{ID: id, SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, OutBytes: m.RequestOutBytes(), Tensors: m.Tensors, Share: m.Share, Target: m.Target, Label: label, Tenant: tenant}
@@ -470,6 +470,26 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 	}
 	p.Created = true
 	return p, nil
+}
+
+// fillCopies fills in, on an unchanged deploy of cv, the manifest's copies
+// a record written before them lacks (cv's and r's), and returns r to be
+// written, or nil where there was none to fill: a pipeline reckons a
+// version's outputs by its out_bytes before it is loaded (else at 1 GiB),
+// and a front door bounds its bodies by max_input_bytes. An old build's
+// node may write the record without them again; a later deploy fills them.
+func fillCopies(r *api.Record, cv *api.Version, m *abi.Manifest) *api.Record {
+	lacks := cv.OutBytes == 0 && m.RequestOutBytes() > 0 || cv.MaxInputBytes == 0 && m.MaxInputBytes > 0
+	if m.IsPipeline() || !lacks {
+		return nil
+	}
+	cv.OutBytes, cv.MaxInputBytes = m.RequestOutBytes(), m.MaxInputBytes
+	for i := range r.Versions {
+		if r.Versions[i].ID == cv.ID {
+			r.Versions[i].OutBytes, r.Versions[i].MaxInputBytes = cv.OutBytes, cv.MaxInputBytes
+		}
+	}
+	return r
 }
 
 // BundleGrace is how long a bundle written or reused by a deploy is kept
