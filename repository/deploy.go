@@ -192,6 +192,7 @@ func (r *Repository) deploy(ctx context.Context, m *model, vers []version, err e
 	// another function, bytes the node refuses), whose earlier bytes
 	// would answer by its number while the index says UNAVAILABLE.
 	var named []version
+	r.forgetPacks(m, vers)
 	for i := range vers {
 		v := &vers[i]
 		// Only the highest becomes current: a lower folder added later

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/plover-run/plover/abi"
@@ -95,6 +96,17 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, v *version, re
 	if m.renamed {
 		name = m.name
 	}
+	// A version folder still as it was when packed, whose bytes are what
+	// its label names, is not packed again: a change to one version of a
+	// model (another copied in) packed every version, each followed by a
+	// look at the whole model's folder.
+	vlook := look(v.dir, false)
+	if c, ok := r.packedAs(m, label, vlook); ok {
+		if lv, ok := latestLabeled(rec, label); ok && lv.SHA256 == c.sha {
+			v.steps = c.steps
+			return lv.ID, false, nil
+		}
+	}
 	// Only files within the version folder: a file linked out of it
 	// (to the server's own secrets) is refused, and the folder with it.
 	b, sha, man, err := r.pack(v.dir, name)
@@ -117,6 +129,7 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, v *version, re
 		return "", true, errdefs.New(errdefs.KindInvalid, nil, "%s: %s names %q", where, abi.ManifestFile, man.Name)
 	}
 	v.steps = abi.Functions(man.Steps)
+	r.remember(m, label, packed{print: vlook.print, sha: sha, steps: v.steps})
 	// The latest version with the label (what the label names, as
 	// Record.Find has it) must be these bytes: a folder changed and then
 	// changed back is deployed again.
@@ -138,6 +151,47 @@ func (r *Repository) deployVersion(ctx context.Context, m *model, v *version, re
 	}
 	r.cfg.Log.Info("model repository: deployed", "model", m.name, "version", label, "id", fi.Version)
 	return fi.Version, false, nil
+}
+
+// packed is a version folder's look when it was packed, and what it
+// packed to.
+type packed struct {
+	print, sha string
+	steps      []string
+}
+
+// packedAs is what m's version folder label packed to when it looked as
+// now does (an unreadable look matches nothing).
+func (r *Repository) packedAs(m *model, label string, now folder) (packed, bool) {
+	if now.err != nil {
+		return packed{}, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c, ok := m.packs[label]
+	return c, ok && c.print == now.print
+}
+
+// remember keeps what m's version folder label packed to, for the next
+// deploy (packedAs).
+func (r *Repository) remember(m *model, label string, c packed) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m.packs == nil {
+		m.packs = map[string]packed{}
+	}
+	m.packs[label] = c
+}
+
+// forgetPacks drops what m's version folders not among vers packed to.
+func (r *Repository) forgetPacks(m *model, vers []version) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for label := range m.packs {
+		if !slices.ContainsFunc(vers, func(v version) bool { return v.label == label }) {
+			delete(m.packs, label)
+		}
+	}
 }
 
 // latestLabeled is rec's latest version labeled label.

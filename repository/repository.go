@@ -190,7 +190,11 @@ type model struct {
 	// yet; a listing of the store says nothing of it (it may be absent
 	// from the store only until this deploy puts it back).
 	deploying bool
-	epoch     uint64 // Repository.epoch at its last settle
+	// packs is, by label, the look of each version folder packed and
+	// deployed (or found deployed) and its bytes' digest: a scan packs
+	// only the folders that changed (packedAs).
+	packs map[string]packed
+	epoch uint64 // Repository.epoch at its last settle
 	// lookAt: while unloaded, when an index seeing its function listed
 	// has a scan look again (backInListing): a minute after a scan found
 	// it not the repository's (a plover deploy), and, while its record
