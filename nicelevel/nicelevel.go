@@ -48,7 +48,13 @@ func Try() (level int, lower bool) {
 	if !HasCap(unix.CAP_SYS_NICE) {
 		return n, false
 	}
-	return n, n < 19 && unix.Setpriority(unix.PRIO_PROCESS, 0, n+1) == nil && unix.Setpriority(unix.PRIO_PROCESS, 0, n) == nil
+	if n == 19 {
+		// No level above to leave and come back from: down one and
+		// back up (raising needs nothing), or a server started at nice
+		// 19 was told it could not lower one.
+		return n, unix.Setpriority(unix.PRIO_PROCESS, 0, n-1) == nil && unix.Setpriority(unix.PRIO_PROCESS, 0, n) == nil
+	}
+	return n, unix.Setpriority(unix.PRIO_PROCESS, 0, n+1) == nil && unix.Setpriority(unix.PRIO_PROCESS, 0, n) == nil
 }
 
 // HasCap reports whether the calling thread holds capability c
