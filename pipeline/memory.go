@@ -87,17 +87,19 @@ func stageHolds(st *stage) (peak, out int64) {
 }
 
 // hold takes the request's bytes of the node's Memory, waiting at most
-// memoryWait or until the request's deadline; release gives them back.
-func (x *run) hold(ctx context.Context) (release func(), err error) {
+// memoryWait or until the request's deadline; release gives them back,
+// and waited is how long it waited for them (0: not at all).
+func (x *run) hold(ctx context.Context) (release func(), waited time.Duration, err error) {
 	m, n := x.r.mem, x.pl.holds
 	if m == nil || n <= 0 {
-		return func() {}, nil
+		return func() {}, 0, nil
 	}
 	release = func() { m.Release(n) }
 	if m.TryAcquire(n) {
-		return release, nil
+		return release, 0, nil
 	}
-	until := time.Now().Add(memoryWait)
+	start := time.Now()
+	until := start.Add(memoryWait)
 	byDeadline := !x.deadline.IsZero() && x.deadline.Before(until)
 	if byDeadline {
 		until = x.deadline
@@ -127,19 +129,20 @@ func (x *run) hold(ctx context.Context) (release func(), err error) {
 		}()
 	}
 	err = m.Acquire(wctx, n)
+	waited = time.Since(start)
 	switch cause := context.Cause(wctx); {
 	case err == nil:
-		return release, nil
+		return release, waited, nil
 	case errors.Is(cause, errClientGone):
-		return nil, &errdefs.Error{Kind: errdefs.KindGone, Msg: fmt.Sprintf("pipeline %s: the client went away while the request waited for room for its steps' outputs", x.pl.name)}
+		return nil, waited, &errdefs.Error{Kind: errdefs.KindGone, Msg: fmt.Sprintf("pipeline %s: the client went away while the request waited for room for its steps' outputs", x.pl.name)}
 	case ctx.Err() != nil:
 		// As the engine's waits: a client that left is told by
 		// req.Gone, not ctx, whose end is the server's.
-		return nil, &errdefs.Error{Kind: errdefs.KindUnavailable, Msg: fmt.Sprintf("pipeline %s: the request was cancelled while it waited for room for its steps' outputs", x.pl.name), Err: ctx.Err()}
+		return nil, waited, &errdefs.Error{Kind: errdefs.KindUnavailable, Msg: fmt.Sprintf("pipeline %s: the request was cancelled while it waited for room for its steps' outputs", x.pl.name), Err: ctx.Err()}
 	case byDeadline && errors.Is(err, context.DeadlineExceeded):
-		return nil, &errdefs.Error{Kind: errdefs.KindTimeout, Msg: fmt.Sprintf("pipeline %s: the request's deadline passed while it waited for room for its steps' outputs (%s at most at once) among what the server's pipelines hold (plover serve --max-pipeline-memory)", x.pl.name, mib(n))}
+		return nil, waited, &errdefs.Error{Kind: errdefs.KindTimeout, Msg: fmt.Sprintf("pipeline %s: the request's deadline passed while it waited for room for its steps' outputs (%s at most at once) among what the server's pipelines hold (plover serve --max-pipeline-memory)", x.pl.name, mib(n))}
 	}
-	return nil, &apierr.Error{Status: apierr.Unavailable, Msg: fmt.Sprintf("pipeline %s: no room for its steps' outputs (%s at most at once) among what the server's pipelines hold (plover serve --max-pipeline-memory) within %v; retry shortly", x.pl.name, mib(n), memoryWait)}
+	return nil, waited, &apierr.Error{Status: apierr.Unavailable, Msg: fmt.Sprintf("pipeline %s: no room for its steps' outputs (%s at most at once) among what the server's pipelines hold (plover serve --max-pipeline-memory) within %v; retry shortly", x.pl.name, mib(n), memoryWait)}
 }
 
 // mib is n bytes in MiB, for messages.

@@ -322,3 +322,45 @@ func TestAPipelineWithoutRoomFails(t *testing.T) {
 		t.Errorf("%d bytes held after the requests", got)
 	}
 }
+
+// signalMemory is a Budget that says when a request begins to wait.
+type signalMemory struct {
+	*netguard.Budget
+	waiting chan time.Time
+}
+
+func (m signalMemory) Acquire(ctx context.Context, n int64) error {
+	m.waiting <- time.Now()
+	return m.Budget.Acquire(ctx, n)
+}
+
+// A request's wait for room is its queue time (Server-Timing's queue, as a
+// step's wait for its slot): at least the time between its start to wait
+// and the room's coming, beside its steps' own queues.
+func TestTheWaitForRoomIsQueueTime(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("a"), nil))
+	testkit.Deploy(t, e, pipelineDir(t, "p", "a", "a"))
+	mem := signalMemory{netguard.NewOrderedBudget(1 << 20), make(chan time.Time, 1)}
+	if err := mem.Budget.Acquire(context.Background(), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	run := runner(e)
+	run.Bound(mem)
+	req := &call.Request{Input: []byte("abcdefgh")}
+	done := make(chan error)
+	go func() { done <- run.Invoke(context.Background(), "p", req) }()
+	began := <-mem.waiting
+	freed := time.Now()
+	mem.Release(1 << 20)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var steps time.Duration
+	for _, s := range req.Steps {
+		steps += s.Timing.Queue
+	}
+	if waited := req.Timing.Queue - steps; waited < freed.Sub(began) {
+		t.Errorf("queue %v, its steps' %v: the %v it waited for room is not in it", req.Timing.Queue, steps, freed.Sub(began))
+	}
+}

@@ -454,14 +454,14 @@ func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error 
 	req.Start, req.BatchSize, req.Version = call.Hot, 0, p.top.Version().ID
 	// A request refused room is counted as one that ran and failed.
 	out := req.Output[:0]
-	release, err := x.hold(ctx)
+	release, waited, err := x.hold(ctx)
 	if err == nil {
 		defer release()
 		out, err = x.seq(ctx, p.plan.stages, req.Input, out, &req.Steps, true)
 	}
 	req.Output = out
 	req.Copied = x.copied.Load()
-	t := call.Timing{}
+	t := call.Timing{Queue: waited} // for room in the node's Memory, as a step's for its slot
 	for _, s := range req.Steps {
 		t.Queue += s.Timing.Queue
 		t.Load += s.Timing.Load
