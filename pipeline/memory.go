@@ -110,9 +110,10 @@ func (x *run) hold(ctx context.Context) (release func(), waited time.Duration, e
 		// A client that leaves gives its place up, as in the engine's
 		// queues: not a 503 5 s later, nor room taken for no one.
 		gctx, gcancel := context.WithCancelCause(wctx)
-		defer gcancel(nil)
 		wctx = gctx
+		polled := make(chan struct{})
 		go func() {
+			defer close(polled)
 			tk := time.NewTicker(goneInterval)
 			defer tk.Stop()
 			for {
@@ -120,13 +121,16 @@ func (x *run) hold(ctx context.Context) (release func(), waited time.Duration, e
 				case <-gctx.Done():
 					return
 				case <-tk.C:
-					if x.gone() {
+					if gctx.Err() == nil && x.gone() {
 						gcancel(errClientGone)
 						return
 					}
 				}
 			}
 		}()
+		// Ended before hold returns: req.Gone reads the request's
+		// connection, which serves another request once it is answered.
+		defer func() { gcancel(nil); <-polled }()
 	}
 	err = m.Acquire(wctx, n)
 	waited = time.Since(start)

@@ -757,10 +757,12 @@ func stepError(pipeline string, index int, label string, err error) error {
 }
 
 // fitting is *b emptied to be written again, or nil, *b dropped, where it
-// is too small for n bytes: the step writing there makes its own, and the
-// old one goes now rather than beside it (Pin.Holds counts one).
+// is too small for n bytes (the step writing there makes its own, and the
+// old one goes now rather than beside it: Pin.Holds counts one) or much
+// larger (a 64 MiB array holding a 256-byte output is the next step's
+// input, kept whole beside that step's output).
 func fitting(b *[]byte, n int64) []byte {
-	if int64(cap(*b)) < n {
+	if c := int64(cap(*b)); c < n || c > max(n, keptBuf) {
 		*b = nil
 	}
 	return (*b)[:0]

@@ -259,6 +259,28 @@ func TestAnUnchangedDeployFillsInTheCopies(t *testing.T) {
 	if st2, err := fs.Stat(ctx, recordKey("fn")); err != nil || st2.ETag != st.ETag {
 		t.Errorf("a record with its copies was written again by an unchanged deploy (%v)", err)
 	}
+
+	// A record the copies would take past MaxRecordBytes is left as it is:
+	// the deploy changes nothing and does not fail.
+	rec.Versions[0].OutBytes, rec.Versions[0].MaxInputBytes = 0, 0
+	pad := api.Version{ID: "00000000-0000-4000-8000-000000000000", SHA256: strings.Repeat("ab", 32), Size: 1, Created: time.Unix(1700000000, 0).UTC(), Label: "x"}
+	rec.Versions = append([]api.Version{pad}, rec.Versions...)
+	b, _ = json.Marshal(rec)
+	rec.Versions[0].Label = strings.Repeat("x", MaxRecordBytes-10-len(b)+1)
+	b, _ = json.Marshal(rec)
+	if len(b) != MaxRecordBytes-10 {
+		t.Fatalf("padded record of %d bytes, want %d", len(b), MaxRecordBytes-10)
+	}
+	if err := fs.Put(ctx, recordKey("fn"), bytes.NewReader(b), int64(len(b))); err != nil {
+		t.Fatal(err)
+	}
+	st, _ = fs.Stat(ctx, recordKey("fn"))
+	if _, err := publishBody(t, g, m, "a bundle", false); err != nil {
+		t.Fatalf("the same bundle again, its record 10 bytes short of the bound: %v", err)
+	}
+	if st2, err := fs.Stat(ctx, recordKey("fn")); err != nil || st2.ETag != st.ETag {
+		t.Errorf("a record at its bound was written again by an unchanged deploy (%v)", err)
+	}
 }
 
 // A record that does not decode fails no other function's listing,

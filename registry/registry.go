@@ -483,12 +483,19 @@ func fillCopies(r *api.Record, cv *api.Version, m *abi.Manifest) *api.Record {
 	if m.IsPipeline() || !lacks {
 		return nil
 	}
-	cv.OutBytes, cv.MaxInputBytes = m.RequestOutBytes(), m.MaxInputBytes
-	for i := range r.Versions {
-		if r.Versions[i].ID == cv.ID {
-			r.Versions[i].OutBytes, r.Versions[i].MaxInputBytes = cv.OutBytes, cv.MaxInputBytes
-		}
+	i := slices.IndexFunc(r.Versions, func(v api.Version) bool { return v.ID == cv.ID })
+	if i < 0 {
+		return nil
 	}
+	was := r.Versions[i]
+	r.Versions[i].OutBytes, r.Versions[i].MaxInputBytes = m.RequestOutBytes(), m.MaxInputBytes
+	if b, err := json.Marshal(r); err != nil || len(b) > MaxRecordBytes {
+		// A deploy that changed nothing does not fail for a record at
+		// its bound (or written past it before there was one).
+		r.Versions[i] = was
+		return nil
+	}
+	cv.OutBytes, cv.MaxInputBytes = r.Versions[i].OutBytes, r.Versions[i].MaxInputBytes
 	return r
 }
 
