@@ -35,7 +35,10 @@ func Probe() (level int, lower bool) {
 }
 
 // Try is Probe on the calling thread, which it may leave one level up:
-// the caller locked it and lets it end. Only CAP_SYS_NICE counts: an
+// the caller locked it and lets it end. At nice 19 it says no whatever the
+// capabilities: no level above is left to raise a thread to, so there is
+// nothing to weigh by and nothing to take back (callers that log why
+// read the level). Only CAP_SYS_NICE counts: an
 // RLIMIT_NICE that allows the thread its level back is the target's, not
 // the caller's, and a worker drops its own (contain.Enter), so it would
 // not let the server take a worker's level back down.
@@ -48,13 +51,7 @@ func Try() (level int, lower bool) {
 	if !HasCap(unix.CAP_SYS_NICE) {
 		return n, false
 	}
-	if n == 19 {
-		// No level above to leave and come back from: down one and
-		// back up (raising needs nothing), or a server started at nice
-		// 19 was told it could not lower one.
-		return n, unix.Setpriority(unix.PRIO_PROCESS, 0, n-1) == nil && unix.Setpriority(unix.PRIO_PROCESS, 0, n) == nil
-	}
-	return n, unix.Setpriority(unix.PRIO_PROCESS, 0, n+1) == nil && unix.Setpriority(unix.PRIO_PROCESS, 0, n) == nil
+	return n, n < 19 && unix.Setpriority(unix.PRIO_PROCESS, 0, n+1) == nil && unix.Setpriority(unix.PRIO_PROCESS, 0, n) == nil
 }
 
 // HasCap reports whether the calling thread holds capability c

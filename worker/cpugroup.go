@@ -100,6 +100,8 @@ func NewCPUGroupsAt(root string, log *slog.Logger) *CPUGroups {
 	g.base, g.lower = nicelevel.Probe()
 	if g.lower {
 		log.Info("worker CPU weights by nice level: each worker's threads get a nice level that follows its function's share and priority (cgroups cannot be written here; see the line before)")
+	} else if g.base >= 19 {
+		log.Info("worker CPU weights by nice level: none in effect, the server runs at nice 19 and no worker can be given a level above it (cgroups cannot be written here; see the line before)", "server_nice", g.base)
 	} else {
 		log.Info("worker CPU weights by nice level, raised only: each worker's threads get the nice level of its function's share and priority, but a level cannot be taken back down here (no CAP_SYS_NICE), so standby workers stay at the server's level, a worker whose weight grows keeps the level it has, and light workers get no boost (cgroups cannot be written here; see the line before)",
 			"server_nice", g.base)
