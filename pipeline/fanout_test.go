@@ -175,3 +175,39 @@ func TestARefusedStepWithNoSiblingLeftIsTheRequests429(t *testing.T) {
 		}
 	}
 }
+
+// A branch's wait for its siblings is its step's queue time: with one
+// instance and one waiting (two of the request's steps at once, the rest
+// waiting for them in the request), four branches run one after another,
+// and what their steps report outside their queues fits in the span their
+// steps cover (it did not: a step's timing began when its function took
+// it, not when it began to wait for its siblings).
+func TestASiblingWaitIsQueueTime(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	m := testkit.Slow("one", 20)
+	m.MaxInstances, m.MaxQueue = 1, 1
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	testkit.Deploy(t, e, pipelineDir(t, "fan", map[string]any{"parallel": []string{"one", "one", "one", "one"}}))
+	r := pipeline.New(e, prometheus.NewRegistry())
+	for i := range 2 { // cold, then hot
+		req := &call.Request{Input: []byte("abcdefgh")}
+		if err := r.Invoke(context.Background(), "fan", req); err != nil {
+			t.Fatal(err)
+		}
+		if len(req.Steps) != 4 {
+			t.Fatalf("%d steps, want 4", len(req.Steps))
+		}
+		from, to := req.Steps[0].Begin, time.Duration(0)
+		var outside time.Duration
+		for _, s := range req.Steps {
+			from, to = min(from, s.Begin), max(to, s.Begin+s.Timing.Total)
+			if s.Timing.Queue > s.Timing.Total {
+				t.Errorf("request %d: a step's queue %v is over its total %v", i, s.Timing.Queue, s.Timing.Total)
+			}
+			outside += s.Timing.Total - s.Timing.Queue
+		}
+		if outside > to-from {
+			t.Errorf("request %d: the steps report %v outside their queues, one run at a time, within a span of %v", i, outside, to-from)
+		}
+	}
+}

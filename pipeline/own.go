@@ -34,10 +34,20 @@ type inFlight struct {
 // version not loaded yet runs one of the request's steps first, then the
 // rest: until then its queue is not known, and steps refused meanwhile
 // counted as its clients' errors (as a refused retry still does).
-func (x *run) invoke(ctx context.Context, pin engine.Pin, sub *call.Request) error {
+//
+// The step's timing (sub's) counts from start: its waits for its
+// siblings, and a refused try's time, are queue time beside its
+// function's queue.
+func (x *run) invoke(ctx context.Context, pin engine.Pin, sub *call.Request, start time.Time) error {
 	if x.own == nil { // no parallel step: nothing of its own to wait for
 		return pin.Invoke(ctx, sub)
 	}
+	defer func() {
+		if d := time.Since(start) - sub.Timing.Total; d > 0 {
+			sub.Timing.Queue += d
+			sub.Timing.Total += d
+		}
+	}()
 	x.mu.Lock()
 	f := x.own[pin]
 	if f == nil {

@@ -587,8 +587,9 @@ func (x *run) before(st *stage) error {
 func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]call.StepTiming, client bool) ([]byte, error) {
 	if st.par == nil {
 		sub := call.Request{Input: in, Output: dst, Deadline: x.deadline, Gone: x.stepGone}
-		begin := time.Since(x.t0)
-		err := x.invoke(ctx, st.pin, &sub)
+		start := time.Now()
+		begin := start.Sub(x.t0)
+		err := x.invoke(ctx, st.pin, &sub, start)
 		if errdefs.KindOf(err) == errdefs.KindGone && x.failed.Load() && (x.gone == nil || !x.gone()) {
 			// Given up in its queue for a sibling's failure: the request
 			// is lost, and its answer waits for no step of this branch.
