@@ -16,6 +16,7 @@ import (
 
 	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/netguard"
+	"github.com/plover-run/plover/pipeline"
 )
 
 // frontDoor is what stands between the network and the API: the tokens, the
@@ -259,4 +260,15 @@ func mibFlag(name string, v, least int64) error {
 		return fmt.Errorf("--%s %d: want 0 (no limit) to %d MiB", name, v, topMiB)
 	}
 	return fmt.Errorf("--%s %d: want %d to %d MiB", name, v, least, topMiB)
+}
+
+// boundPipelines holds run's pipeline requests' step outputs within mib
+// MiB (--max-pipeline-memory, checked by checkServeFlags; 0: no bound), a
+// budget of its own beside --max-body-memory's, which a pipeline request
+// holds while it waits for room here.
+func boundPipelines(run *pipeline.Runner, mib int64, reg prometheus.Registerer) {
+	outs := netguard.NewOrderedBudget(mib << 20)
+	run.Bound(outs)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "plover_pipeline_memory_bytes",
+		Help: "Bytes of pipeline steps' outputs that running pipeline requests hold room for now, of --max-pipeline-memory."}, func() float64 { return float64(outs.InUse()) }))
 }

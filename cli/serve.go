@@ -547,10 +547,7 @@ func newDoor(f *serveFlags, n *node, front *frontDoor, reg *prometheus.Registry,
 		tokens = front.tokens
 	}
 	run, met := pipeline.New(n.eng, reg), reqmetrics.New(reg)
-	outs := netguard.NewOrderedBudget(f.maxPipeMemMB << 20) // checked: checkServeFlags
-	run.Bound(outs)
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "plover_pipeline_memory_bytes",
-		Help: "Bytes of pipeline steps' outputs that running pipeline requests hold room for now, of --max-pipeline-memory."}, func() float64 { return float64(outs.InUse()) }))
+	boundPipelines(run, f.maxPipeMemMB, reg)
 	n.eng.Forgets(run, met) // a deleted function's series go, and its label's slot
 	return frontdoor.New(frontdoor.Config{Runner: run, Gate: gate.New(tokens, reg), Metrics: met, Tracer: tr, Log: log})
 }
