@@ -61,7 +61,7 @@ func (p Pin) MaxInput() int64 {
 	if p.v.loaded.Load() { // loaded: the manifest is written and read-only
 		return p.v.manifest.MaxInputBytes
 	}
-	return p.v.rec.MaxInputBytes
+	return p.v.maxIn.Load()
 }
 
 // OutBytes is the most output bytes one request to the pinned version
@@ -72,7 +72,7 @@ func (p Pin) OutBytes() int64 {
 	if p.v.loaded.Load() { // loaded: the manifest is written and read-only
 		return p.v.manifest.RequestOutBytes()
 	}
-	return p.v.rec.OutBytes
+	return p.v.out.Load()
 }
 
 // Full is the 429 a request to the pinned version would get now for its

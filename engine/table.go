@@ -410,8 +410,10 @@ func (t *table) switchLocked(name string, rv api.Version, rec *api.Record, at ui
 	if f != nil && f.cur != nil && f.cur.rec.ID == rv.ID {
 		// Nothing to switch, but a read of the store made before this
 		// one's must not apply after it (land): the epoch moves on. Its
-		// labels may have moved (a folder deployed again beside it).
-		f.applyLabels(rec)
+		// labels may have moved (a folder deployed again beside it), and
+		// an unchanged deploy may have filled its copies in.
+		f.learn(rec)
+		f.cur.fill(&rv)
 		t.epoch++
 		return f, nil, false
 	}
@@ -420,7 +422,7 @@ func (t *table) switchLocked(name string, rv api.Version, rec *api.Record, at ui
 		f = &function{name: name, out: t.followed.sink(t.logs, name, rec)}
 		t.funcs[name] = f
 	}
-	f.applyLabels(rec)
+	f.learn(rec)
 	old := f.cur
 	if pv := f.pinned[rv.ID]; pv != nil {
 		// A version pipelines pinned becomes current: its warm pool serves both.
@@ -560,6 +562,7 @@ func (t *table) peek(name string) (*function, *version) {
 
 func (t *table) newVersion(f *function, rv api.Version) *version {
 	v := &version{fn: f, rec: rv, lg: t.log, loadState: loadState{loadTok: make(chan struct{}, 1), placeTok: make(chan struct{}, 1)}}
+	v.fill(&rv)
 	v.pool.v, v.pool.owner = v, v
 	return v
 }
@@ -599,7 +602,7 @@ func (t *table) labelled(name, label, id string, rec *api.Record) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if f := t.funcs[name]; f != nil {
-		f.applyLabels(rec)
+		f.learn(rec)
 		if f.labels == nil {
 			f.labels = map[string]string{}
 		}
@@ -757,7 +760,7 @@ func (t *table) pin(f *function, rv api.Version, rec *api.Record) {
 	if t.closed || t.funcs[f.name] != f {
 		return
 	}
-	f.applyLabels(rec) // rv was picked from it: a label names what it says
+	f.learn(rec) // rv was picked from it: a label names what it says
 	if f.match(rv.ID) != nil {
 		return
 	}

@@ -22,8 +22,15 @@ import (
 // device it runs on, its instances, the requests on it and its crashes).
 type version struct {
 	fn  *function
-	rec api.Version
+	rec api.Version // as it was made with: read-only
 	lg  *slog.Logger
+
+	// maxIn and out are the record's copies of the manifest's
+	// max_input_bytes and out_bytes, for Pin before the version is loaded:
+	// a record written before the copies has zeros, which a later deploy of
+	// the same bundle fills in (registry.fillCopies) and a refresh brings
+	// here (fill), so rec's are not read for them.
+	maxIn, out atomic.Int64
 
 	// side: a version pipeline steps pinned that is not the function's
 	// current one (Engine.PinVersion); cleared if it becomes current.
@@ -215,12 +222,21 @@ func (f *function) match(ref string) *version {
 	return found
 }
 
-// applyLabels takes f's labels from rec (nil: none read) unless f applied
-// a fuller record: a record read before another but applied after it
-// (PinVersion's, beside a refresh) must not name an older version again.
+// learn takes from rec (nil: none read) what a later read may say of the
+// versions f knows: their record copies (fill) and f's labels. Labels are
+// not taken from a record read before one f applied (PinVersion's, beside
+// a refresh, applied after it), which must not name an older version again.
 // Under table.mu.
-func (f *function) applyLabels(rec *api.Record) {
-	if rec == nil || (f.labels != nil && len(rec.Versions) < f.labelsFrom) {
+func (f *function) learn(rec *api.Record) {
+	if rec == nil {
+		return
+	}
+	for i := range rec.Versions {
+		if v := f.known(rec.Versions[i].ID); v != nil {
+			v.fill(&rec.Versions[i])
+		}
+	}
+	if f.labels != nil && len(rec.Versions) < f.labelsFrom {
 		return
 	}
 	labels := make(map[string]string)
@@ -230,4 +246,24 @@ func (f *function) applyLabels(rec *api.Record) {
 		}
 	}
 	f.labels, f.labelsFrom = labels, len(rec.Versions)
+}
+
+// fill takes rv's copies where it has them (a record that has them, of
+// the same bundle: they cannot differ from any v has).
+func (v *version) fill(rv *api.Version) {
+	if rv.MaxInputBytes > 0 {
+		v.maxIn.Store(rv.MaxInputBytes)
+	}
+	if rv.OutBytes > 0 {
+		v.out.Store(rv.OutBytes)
+	}
+}
+
+// known is f's version whose id is id, current or pinned; nil if none.
+// Under table.mu.
+func (f *function) known(id string) *version {
+	if f.cur != nil && f.cur.rec.ID == id {
+		return f.cur
+	}
+	return f.pinned[id]
 }

@@ -1,0 +1,74 @@
+package engine_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/objectstore"
+)
+
+// A node that knows a version but has not loaded it reads its sizes from
+// the record's copies; a record written before them has none, and a later
+// deploy of the same bundle fills them in. The node takes the filled copies
+// at its next refresh. Before, it kept the record as it first read it, and
+// a pipeline reckoned that version's outputs at 1 GiB until it loaded.
+func TestANodeTakesTheCopiesAnUnchangedDeployFillsIn(t *testing.T) {
+	ctx := context.Background()
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := testkit.Engine(t, engine.Config{Store: fs})
+	b := testkit.Engine(t, engine.Config{Store: fs})
+	dir := testkit.BundleDir(t, testkit.Manifest("fn"), nil) // max_input_bytes 65536, out_bytes 256
+	testkit.Deploy(t, a, dir)
+
+	// As an earlier build wrote it.
+	const key = "functions/fn.json"
+	rc, err := fs.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec api.Record
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		t.Fatal(err)
+	}
+	rec.Versions[0].OutBytes, rec.Versions[0].MaxInputBytes = 0, 0
+	raw, _ = json.Marshal(&rec)
+	if err := fs.Put(ctx, key, bytes.NewReader(raw), int64(len(raw))); err != nil {
+		t.Fatal(err)
+	}
+
+	sizes := func() (in, out int64) {
+		t.Helper()
+		p, err := b.Pin(ctx, "fn", time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Release()
+		return p.MaxInput(), p.OutBytes()
+	}
+	if in, out := sizes(); in != 0 || out != 0 {
+		t.Fatalf("before the fill: max input %d, out %d; want 0, 0 (unknown)", in, out)
+	}
+	testkit.Deploy(t, a, dir) // unchanged: fills the copies in
+	if err := b.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if in, out := sizes(); in != 1<<16 || out != 256 {
+		t.Errorf("after the fill and a refresh: max input %d, out %d; want 65536, 256", in, out)
+	}
+}
