@@ -66,10 +66,44 @@ func (s *FS) write(ctx context.Context, key, p string, r io.Reader, size int64) 
 		if err == nil && size >= 0 && n != size {
 			err = fmt.Errorf("got %d bytes, expected %d", n, size)
 		}
+		if err == nil {
+			err = later(f, p)
+		}
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
+	}
+	return nil
+}
+
+// later gives f, the next version of the file at p, an mtime after the
+// version it replaces, so that no version's tag is an earlier one's: the
+// rename frees the old inode, which a later write may get again, and with
+// the same size within one tick of a coarse clock (ext4 stamps at the
+// kernel's tick; some mounts at a second or two) the tag would repeat, and
+// a PutIf made on a stale read would pass (ABA). Under PutIf's lock a
+// key's versions so have rising mtimes. A mount that keeps none of the
+// steps keeps what it stamped.
+func later(f *os.File, p string) error {
+	prev, err := os.Stat(p)
+	if err != nil {
+		return nil // none to follow (or none this write can see)
+	}
+	for _, step := range []time.Duration{0, time.Microsecond, time.Millisecond, time.Second, 2 * time.Second} {
+		if step > 0 {
+			t := prev.ModTime().Add(step)
+			if err := os.Chtimes(f.Name(), t, t); err != nil {
+				return err
+			}
+		}
+		cur, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		if cur.ModTime().After(prev.ModTime()) {
+			return nil
+		}
 	}
 	return nil
 }
