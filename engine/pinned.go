@@ -128,6 +128,16 @@ func (p Pin) Account(start call.Start, total time.Duration, err error) {
 	st.latencyNs.Add(int64(total))
 }
 
+// Retried takes back from the function's counts a refusal Invoke just
+// returned (its full queue's 429) that its caller answers no client with
+// but asks again: a pipeline's parallel branch refused while its own
+// siblings held the room. Counted, the function showed refusals no
+// client got.
+func (p Pin) Retried() {
+	p.f.stats.requests.Add(-1)
+	p.f.stats.clientErrors.Add(-1)
+}
+
 // Refused counts a request for name that its transport refused itself
 // before running it (a body it could not read or parse, over the
 // function's max_input_bytes, of a type it does not take, a full queue,

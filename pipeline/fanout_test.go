@@ -211,3 +211,48 @@ func TestASiblingWaitIsQueueTime(t *testing.T) {
 		}
 	}
 }
+
+// A step refused while its sibling held its function's room, and served
+// when it asked again, is one request of the function's, not a 429 beside
+// it: no client got that refusal. Before, the function showed a client
+// error for each such try.
+func TestARefusedTryAskedAgainIsNotCounted(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	m := testkit.Slow("one", 100)
+	m.MaxInstances, m.MaxQueue = 1, 1
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	testkit.Deploy(t, e, pipelineDir(t, "fan", map[string]any{"parallel": []string{"one", "one"}}))
+	ctx := context.Background()
+	if err := e.Invoke(ctx, "one", &call.Request{Input: []byte("abcdefgh")}); err != nil {
+		t.Fatal(err) // loaded: the request's two steps go at once
+	}
+	var calls atomic.Int32
+	hold := make(chan struct{})
+	defer pipeline.SetInvokingHook(func() {
+		if calls.Add(1) == 2 {
+			<-hold // the second branch asks once another request took the queue
+		}
+	})()
+	done := make(chan error, 1)
+	go func() {
+		done <- pipeline.New(e, prometheus.NewRegistry()).Invoke(ctx, "fan", &call.Request{Input: []byte("abcdefgh")})
+	}()
+	testkit.WaitFor(t, e, "one", "the first branch's run", testkit.Busy(1, 0))
+	other := make(chan error, 1)
+	go func() { other <- e.Invoke(ctx, "one", &call.Request{Input: []byte("abcdefgh")}) }()
+	testkit.WaitFor(t, e, "one", "another request in its queue", testkit.Busy(1, 1))
+	close(hold) // the second branch is refused (1 running, 1 waiting), and asks again at the first's end
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-other; err != nil {
+		t.Fatal(err)
+	}
+	fi, err := e.Control().Function(ctx, "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Requests != 4 || fi.ClientErrors != 0 || fi.Errors != 0 {
+		t.Errorf("one: %d requests, %d client errors, %d errors; want 4, 0, 0 (the first, the other and the two steps)", fi.Requests, fi.ClientErrors, fi.Errors)
+	}
+}

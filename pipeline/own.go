@@ -32,8 +32,9 @@ type inFlight struct {
 // review found it). A refusal while none of them is in flight, or
 // ended, is the request's: the function is busy with other requests. A
 // version not loaded yet runs one of the request's steps first, then the
-// rest: until then its queue is not known, and steps refused meanwhile
-// counted as its clients' errors (as a refused retry still does).
+// rest: until then its queue is not known. A refused try asked again is
+// not counted in the function's requests (Pin.Retried); the last one, the
+// request's answer, is.
 //
 // The step's timing (sub's) counts from start: its waits for its
 // siblings, and a refused try's time, are queue time beside its
@@ -74,6 +75,7 @@ func (x *run) invoke(ctx context.Context, pin engine.Pin, sub *call.Request, sta
 		// next end, or at once where none is left in flight (the room
 		// an end made is there now; refused again, the 429 is the
 		// request's).
+		pin.Retried() // not the request's answer: no client's 429
 		f.n--
 		f.wake()
 		at := f.ends
