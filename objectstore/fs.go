@@ -34,6 +34,11 @@ func NewFS(dir string) (*FS, error) {
 	if err := os.MkdirAll(abs, 0o755); err != nil {
 		return nil, fmt.Errorf("filesystem store: %w", err)
 	}
+	// A root behind a link (a store moved to a larger disk) is walked as
+	// the directory it is: CleanTemp's walk would take the link for a file.
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	}
 	return &FS{root: abs}, nil
 }
 
@@ -60,6 +65,7 @@ func (s *FS) write(ctx context.Context, key, p string, r io.Reader, size int64) 
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
+	var stamped time.Time
 	// ".put-" names a half-written object: CleanTemp removes such files.
 	err := fileutil.Replace(p, ".put-*", 0, func(f *os.File) error {
 		n, err := io.Copy(f, ctxReader{ctx, r})
@@ -67,46 +73,73 @@ func (s *FS) write(ctx context.Context, key, p string, r io.Reader, size int64) 
 			err = fmt.Errorf("got %d bytes, expected %d", n, size)
 		}
 		if err == nil {
-			err = later(f, p)
+			stamped, err = later(f, p)
 		}
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
+	raiseFloor(p, stamped)
 	return nil
 }
 
-// later gives f, the next version of the file at p, an mtime after the
-// version it replaces, so that no version's tag is an earlier one's: the
-// rename frees the old inode, which a later write may get again, and with
-// the same size within one tick of a coarse clock (ext4 stamps at the
-// kernel's tick; some mounts at a second or two) the tag would repeat, and
-// a PutIf made on a stale read would pass (ABA). Under PutIf's lock a
-// key's versions so have rising mtimes. A mount that keeps none of the
-// steps keeps what it stamped.
-func later(f *os.File, p string) error {
-	prev, err := os.Stat(p)
+// A key that conditional writes have locked (a record: PutIf, Delete) keeps
+// its versions' mtimes rising, so that no version's tag is an earlier
+// one's, the deleted ones' included: a rename or an unlink frees the old
+// inode, which a later write may get again, and with the same size within
+// one tick of a coarse clock (ext4 stamps at the kernel's tick; some
+// mounts at a second or two) the tag would repeat, and a PutIf made on a
+// stale read would pass (ABA), writing over a newer version. The key's
+// lock file, which is never removed, keeps the floor (its mtime) across a
+// delete. Other keys (bundles, named by their bytes) keep what the clock
+// stamps: a bundle's mtime is its age for gc, which a floor carried from
+// a clock ahead would postpone.
+
+// later gives f, the next version of the file at p, an mtime after its
+// key's floor (its lock file's mtime, and the version it replaces) and
+// returns the mtime f has; the zero time where the key has no lock file.
+// A mount that keeps none of the steps keeps what it stamped.
+func later(f *os.File, p string) (time.Time, error) {
+	lock, err := os.Stat(lockName(p))
 	if err != nil {
-		return nil // none to follow (or none this write can see)
+		return time.Time{}, nil // never locked (or none this write can see)
 	}
-	for _, step := range []time.Duration{0, time.Microsecond, time.Millisecond, time.Second, 2 * time.Second} {
-		if step > 0 {
-			t := prev.ModTime().Add(step)
-			if err := os.Chtimes(f.Name(), t, t); err != nil {
-				return err
-			}
+	floor := lock.ModTime()
+	if prev, err := os.Stat(p); err == nil && prev.ModTime().After(floor) {
+		floor = prev.ModTime()
+	}
+	cur, err := f.Stat()
+	for _, step := range []time.Duration{time.Microsecond, time.Millisecond, time.Second, 2 * time.Second} {
+		if err != nil || cur.ModTime().After(floor) {
+			break
 		}
-		cur, err := f.Stat()
-		if err != nil {
-			return err
-		}
-		if cur.ModTime().After(prev.ModTime()) {
-			return nil
+		t := floor.Add(step)
+		if err = os.Chtimes(f.Name(), t, t); err == nil {
+			cur, err = f.Stat()
 		}
 	}
-	return nil
+	if err != nil {
+		return time.Time{}, err
+	}
+	return cur.ModTime(), nil
 }
+
+// raiseFloor makes t the floor of p's key where it is above it (the zero
+// time: none). A floor not raised (the lock file gone, a mount refusing)
+// leaves the next write above the version it replaces only.
+func raiseFloor(p string, t time.Time) {
+	if t.IsZero() {
+		return
+	}
+	name := lockName(p)
+	if lock, err := os.Stat(name); err == nil && lock.ModTime().Before(t) {
+		_ = os.Chtimes(name, t, t)
+	}
+}
+
+// lockName is the lock file of the object at p (lockKey).
+func lockName(p string) string { return filepath.Join(filepath.Dir(p), ".lock-"+filepath.Base(p)) }
 
 // fsTag is a file's version tag: a rename (every write) gives a new inode.
 func fsTag(fi fs.FileInfo) string {
@@ -324,15 +357,19 @@ func (s *FS) listDir(ctx context.Context, rel, prefix string, out *[]Info) error
 		var st unix.Stat_t
 		var serr error
 		if err := raw.Control(func(fd uintptr) {
-			serr = unix.Fstatat(int(fd), name, &st, unix.AT_SYMLINK_NOFOLLOW)
+			// Followed, as Stat and Get follow a link: the tags must agree.
+			serr = unix.Fstatat(int(fd), name, &st, 0)
 		}); err != nil {
 			return err
 		}
 		if errors.Is(serr, unix.ENOENT) {
-			continue // deleted since the directory was read
+			continue // deleted since the directory was read (or a dangling link)
 		}
 		if serr != nil {
-			return &fs.PathError{Op: "lstat", Path: filepath.Join(s.root, filepath.FromSlash(key)), Err: serr}
+			return &fs.PathError{Op: "stat", Path: filepath.Join(s.root, filepath.FromSlash(key)), Err: serr}
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFREG {
+			continue // a link to a directory, a FIFO: no object, as Get says
 		}
 		mtime := time.Unix(st.Mtim.Unix())
 		*out = append(*out, Info{Key: key, Size: st.Size, ModTime: mtime, ETag: tag(st.Ino, st.Size, mtime)})
@@ -350,12 +387,15 @@ func (s *FS) Delete(ctx context.Context, key string) error {
 	}
 	// Under the key's lock when it has one (a record), so that a
 	// conditional write that checked the old object cannot rename it back.
-	if _, err := os.Stat(filepath.Join(filepath.Dir(p), ".lock-"+filepath.Base(p))); err == nil {
+	if _, err := os.Stat(lockName(p)); err == nil {
 		unlock, err := s.lockKey(ctx, p)
 		if err != nil {
 			return fmt.Errorf("delete %s: %w", key, err)
 		}
 		defer unlock()
+		if fi, err := os.Stat(p); err == nil {
+			raiseFloor(p, fi.ModTime()) // a version written again after it follows it
+		}
 	}
 	// unlink, not os.Remove: a directory is never removed (a Put may be
 	// about to write in it).

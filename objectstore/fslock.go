@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"syscall"
 )
@@ -24,7 +23,7 @@ import (
 // flock with a backoff. A turn whose caller gave up while it waited in
 // flock is kept by that wait until it returns, and then handed on.
 func (s *FS) lockKey(ctx context.Context, p string) (func(), error) {
-	name := filepath.Join(filepath.Dir(p), ".lock-"+filepath.Base(p))
+	name := lockName(p)
 	held := func() error {
 		return fmt.Errorf("store %s: lock file %s: another writer holds it (another process writing the store, or a write stuck on the disk): %w", s, name, ctx.Err())
 	}
