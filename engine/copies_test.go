@@ -31,26 +31,29 @@ func TestANodeTakesTheCopiesAnUnchangedDeployFillsIn(t *testing.T) {
 	dir := testkit.BundleDir(t, testkit.Manifest("fn"), nil) // max_input_bytes 65536, out_bytes 256
 	testkit.Deploy(t, a, dir)
 
-	// As an earlier build wrote it.
-	const key = "functions/fn.json"
-	rc, err := fs.Get(ctx, key)
-	if err != nil {
-		t.Fatal(err)
+	copies := func(in, out int64) { // rewrites the record's copies
+		t.Helper()
+		const key = "functions/fn.json"
+		rc, err := fs.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rec api.Record
+		if err := json.Unmarshal(raw, &rec); err != nil {
+			t.Fatal(err)
+		}
+		rec.Versions[0].MaxInputBytes, rec.Versions[0].OutBytes = in, out
+		raw, _ = json.Marshal(&rec)
+		if err := fs.Put(ctx, key, bytes.NewReader(raw), int64(len(raw))); err != nil {
+			t.Fatal(err)
+		}
 	}
-	raw, err := io.ReadAll(rc)
-	rc.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec api.Record
-	if err := json.Unmarshal(raw, &rec); err != nil {
-		t.Fatal(err)
-	}
-	rec.Versions[0].OutBytes, rec.Versions[0].MaxInputBytes = 0, 0
-	raw, _ = json.Marshal(&rec)
-	if err := fs.Put(ctx, key, bytes.NewReader(raw), int64(len(raw))); err != nil {
-		t.Fatal(err)
-	}
+	copies(0, 0) // as an earlier build wrote it
 
 	sizes := func() (in, out int64) {
 		t.Helper()
@@ -70,5 +73,15 @@ func TestANodeTakesTheCopiesAnUnchangedDeployFillsIn(t *testing.T) {
 	}
 	if in, out := sizes(); in != 1<<16 || out != 256 {
 		t.Errorf("after the fill and a refresh: max input %d, out %d; want 65536, 256", in, out)
+	}
+
+	// Copies no manifest may hold (a record written by hand) are none: a
+	// pipeline adds them up, and 2^62 twice wraps.
+	copies(1<<62, 1<<62)
+	if err := b.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if in, out := sizes(); in != 1<<16 || out != 256 {
+		t.Errorf("after a record with copies of 2^62: max input %d, out %d; want 65536, 256 still", in, out)
 	}
 }

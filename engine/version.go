@@ -249,12 +249,14 @@ func (f *function) learn(rec *api.Record) {
 }
 
 // fill takes rv's copies where it has them (a record that has them, of
-// the same bundle: they cannot differ from any v has).
+// the same bundle: they cannot differ from any v has). A copy past what a
+// manifest may say (a record written by hand) is taken for none: a
+// pipeline's reckoning adds them up, and a huge one would wrap it.
 func (v *version) fill(rv *api.Version) {
-	if rv.MaxInputBytes > 0 {
+	if rv.MaxInputBytes > 0 && rv.MaxInputBytes <= abi.MaxBufferBytes {
 		v.maxIn.Store(rv.MaxInputBytes)
 	}
-	if rv.OutBytes > 0 {
+	if rv.OutBytes > 0 && rv.OutBytes <= abi.MaxBufferBytes {
 		v.out.Store(rv.OutBytes)
 	}
 }

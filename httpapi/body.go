@@ -27,6 +27,7 @@ type BodyBudget interface {
 	TryAcquire(n int64) bool
 	Acquire(ctx context.Context, n int64) error
 	Release(n int64)
+	Max() int64 // the budget's size; 0: unlimited
 }
 
 // budgetWait is how long a request waits for room in the body budget
@@ -251,17 +252,34 @@ func (s *Server) bodyError(err error, limit bodyLimit) error {
 	return &apierr.Error{Status: apierr.BadRequest, Msg: "reading the request body: " + err.Error()}
 }
 
-// acquire waits for room for n more body bytes: up to budgetWait in all
-// over the body's windows, so that no request waits for ever (nor, a
-// window at a time, up to the read timeout) behind clients that hold the
-// budget, and no later than the request's deadline or the read timeout,
-// whichever comes first (its turns' deadline): a request that asked for
-// 100 ms is answered then, as its deadline's, not as the budget's at 5 s.
-func (b *bodyReader) acquire(n int64) error {
+// hold makes the body's hold of the budget n bytes (its bytes so far and
+// the next window; at most the whole budget, so that a body larger than it
+// is read alone rather than never). Where they do not fit now it waits,
+// holding none meanwhile, as a gRPC message does: two bodies each holding
+// part of the budget and waiting for more would wait for each other
+// until one's 503 (a review's probe: two 250 KiB bodies under 256 KiB,
+// each 5 s; a body over the budget always failed). Its bytes so far are
+// then outside the count until it has room again. The wait is up to
+// budgetWait in all over the body's windows, so that no request waits for
+// ever (nor, a window at a time, up to the read timeout) behind clients
+// that hold the budget, and no later than the request's deadline or the
+// read timeout, whichever comes first (its turns' deadline): a request
+// that asked for 100 ms is answered then, as its deadline's, not as the
+// budget's at 5 s.
+func (b *bodyReader) hold(n int64) error {
 	budget := b.s.opts.BodyBudget
-	if budget.TryAcquire(n) { // the usual case: no deadline to build
+	if m := budget.Max(); m > 0 {
+		n = min(n, m)
+	}
+	if n <= b.held {
 		return nil
 	}
+	if budget.TryAcquire(n - b.held) { // the usual case: no deadline to build
+		b.held = n
+		return nil
+	}
+	budget.Release(b.held)
+	b.held = 0
 	t0 := time.Now()
 	wait, dl := budgetWait-b.waited, b.t.deadline
 	byDeadline := !dl.IsZero() && dl.Sub(t0) < wait
@@ -274,11 +292,24 @@ func (b *bodyReader) acquire(n int64) error {
 	b.waited += time.Since(t0)
 	switch {
 	case err == nil:
+		b.held = n
 		return nil
 	case byDeadline:
 		return b.t.late("room among the request bytes the server holds in memory (plover serve --max-body-memory)")
 	}
 	return apierr.MemoryFull()
+}
+
+// holdOnly gives back what the body holds beyond n bytes (what arrived
+// of a window).
+func (b *bodyReader) holdOnly(n int64) {
+	if m := b.s.opts.BodyBudget.Max(); m > 0 {
+		n = min(n, m)
+	}
+	if b.held > n {
+		b.s.opts.BodyBudget.Release(b.held - n)
+		b.held = n
+	}
 }
 
 func (s *Server) releaseBody(n int64) {
@@ -674,10 +705,9 @@ func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
 		}
 		window := int64(end - len(dst))
 		if budget {
-			if err := b.acquire(window); err != nil {
+			if err := b.hold(int64(len(dst)) + window); err != nil {
 				return nil, err
 			}
-			b.held += window
 		}
 		n, err := b.readPiece(dst[len(dst):end])
 		dst = dst[:len(dst)+n]
@@ -692,9 +722,8 @@ func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
 		if int64(n) == window && win < maxReadWindow && len(dst) >= maxReadWindow/4 {
 			win *= 2 // a large body whose bytes were waiting: read more at once
 		}
-		if budget && int64(n) < window { // keep only what arrived
-			b.s.opts.BodyBudget.Release(window - int64(n))
-			b.held -= window - int64(n)
+		if budget { // keep only what arrived
+			b.holdOnly(int64(len(dst)))
 		}
 		if len(dst) > limit {
 			return nil, errTooLarge

@@ -160,6 +160,7 @@ func (b slowBudget) Acquire(ctx context.Context, _ int64) error {
 	}
 }
 func (slowBudget) Release(int64) {}
+func (slowBudget) Max() int64    { return 0 }
 
 // dialSlowBudget serves echo (8 MiB in and out) with a slowBudget of wait
 // and returns a connection to it.
