@@ -85,6 +85,14 @@ func parseID(s string) (int, error) {
 	return int(v), nil
 }
 
+// MaxFiles is the most descriptors a worker's process may hold (its
+// RLIMIT_NOFILE, hard): room for a function's instances (one socket each,
+// max_instances at most 1,024) and a driver's device files, and a bound
+// on one worker's share of the node's file table of MaxFiles times its
+// processes (--worker-max-pids). A memory group (--worker-max-memory)
+// charges each open file's kernel memory too.
+const MaxFiles = 4096
+
 // Policy says what Enter does.
 type Policy struct {
 	// Drop is the identity a root worker switches to. Root bypasses the
@@ -193,6 +201,20 @@ func Enter(p Policy) error {
 		if err := unix.Setrlimit(r.res, &unix.Rlimit{}); err != nil {
 			return fmt.Errorf("contain: enter: setrlimit(%s, 0): %w", r.name, err)
 		}
+	}
+	// Nor hold more than MaxFiles descriptors a process: the hard limit
+	// it inherits (20,000 here; 524,288 or more under systemd), times its
+	// processes, filled the node's file table from one worker (a review's
+	// probe: 2.46 million files, and another function's cold start failed
+	// with ENFILE).
+	var files unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &files); err != nil {
+		return fmt.Errorf("contain: enter: getrlimit(RLIMIT_NOFILE): %w", err)
+	}
+	files.Max = min(files.Max, MaxFiles)
+	files.Cur = min(files.Cur, files.Max)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &files); err != nil {
+		return fmt.Errorf("contain: enter: setrlimit(RLIMIT_NOFILE, %d): %w", files.Max, err)
 	}
 
 	if err := allThreadsPrctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0); err != nil {

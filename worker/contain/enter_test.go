@@ -125,6 +125,11 @@ func childEnterDrop() {
 	var rt unix.Rlimit
 	unix.Getrlimit(unix.RLIMIT_RTPRIO, &rt)
 	rep.Checks["rlimit-rtprio"] = fmt.Sprintf("%d %d", rt.Cur, rt.Max)
+	var files unix.Rlimit
+	unix.Getrlimit(unix.RLIMIT_NOFILE, &files)
+	rep.Checks["rlimit-nofile-max"] = strconv.FormatUint(files.Max, 10)
+	files.Max++
+	rep.Checks["rlimit-nofile-raise"] = outcome(unix.Setrlimit(unix.RLIMIT_NOFILE, &files))
 	prio := int32(1)
 	_, _, e := unix.RawSyscall(unix.SYS_SCHED_SETSCHEDULER, 0, 1 /* SCHED_FIFO */, uintptr(unsafe.Pointer(&prio)))
 	rep.Checks["sched-fifo"] = "ok"
@@ -240,8 +245,10 @@ func checkEnterDrop(t *testing.T, as, secret string, dirs []string) {
 	}
 	want := map[string]string{
 		"setresuid-root":        "EPERM",
-		"rlimit-nice":           "0 0", // it cannot take its own nice level below the server's
-		"rlimit-rtprio":         "0 0", // nor put its threads above every CFS thread
+		"rlimit-nice":           "0 0",                  // it cannot take its own nice level below the server's
+		"rlimit-rtprio":         "0 0",                  // nor put its threads above every CFS thread
+		"rlimit-nofile-max":     strconv.Itoa(MaxFiles), // nor fill the node's file table
+		"rlimit-nofile-raise":   "EPERM",
 		"sched-fifo":            "EPERM",
 		"secret":                "EACCES",
 		"parent-environ":        "EACCES",

@@ -56,6 +56,12 @@ import (
 // host. io_uring_setup fails with ENOSYS, as on a kernel without io_uring:
 // a ring makes sockets without socket(2) (IORING_OP_SOCKET); with no ring
 // to be had, io_uring_enter and io_uring_register have nothing to act on.
+// System V IPC's shmget, shmat, msgget and semget, and the keyrings'
+// add_key, keyctl and request_key, fail with ENOSYS, as on a kernel built
+// without them: their objects are the node's, not the worker's (a segment
+// outlives its worker and the server, outside its memory group, and
+// workers of every tenant share the uid's keyring), and nothing a
+// function needs makes them.
 // amd64 and arm64 have no socketcall(2); i386's, by int 0x80 on amd64, is
 // refused with every call of another architecture.
 //
@@ -127,56 +133,69 @@ func reachFilter(arch, pid, pgrp uint32) []unix.SockFilter {
 	)
 	// Labels: the index of each named instruction below.
 	const (
-		lPrio   = 13
-		lPgrp   = 19
-		lSelf   = 22
-		lClone  = 24
-		lFamily = 26
-		lPrctl  = 29
-		lOK     = 33
-		lNo     = 34
-		lNoSys  = 35
+		lPrio   = 20
+		lPgrp   = 26
+		lSelf   = 29
+		lClone  = 31
+		lFamily = 33
+		lPrctl  = 36
+		lOK     = 40
+		lNo     = 41
+		lNoSys  = 42
 	)
 	// to is the jump offset from instruction at to label.
 	to := func(at, label int) uint8 { return uint8(label - at - 1) }
 	return []unix.SockFilter{
-		0:      {Code: ld, K: seccompArch},
-		1:      {Code: jeq, K: arch, Jt: 0, Jf: to(1, lNo)},
-		2:      {Code: ld, K: seccompNR},
-		3:      {Code: jge, K: x32Bit, Jt: to(3, lNo), Jf: 0},
-		4:      {Code: jeq, K: unix.SYS_CLONE, Jt: to(4, lClone), Jf: 0},
-		5:      {Code: jeq, K: unix.SYS_CLONE3, Jt: to(5, lNoSys), Jf: 0},
-		6:      {Code: jeq, K: unix.SYS_SOCKET, Jt: to(6, lFamily), Jf: 0},
-		7:      {Code: jeq, K: unix.SYS_SOCKETPAIR, Jt: to(7, lFamily), Jf: 0},
-		8:      {Code: jeq, K: unix.SYS_IO_URING_SETUP, Jt: to(8, lNoSys), Jf: 0},
-		9:      {Code: jeq, K: unix.SYS_PRCTL, Jt: to(9, lPrctl), Jf: 0},
-		10:     {Code: jeq, K: unix.SYS_PRLIMIT64, Jt: 0, Jf: to(10, lPrio)},
-		11:     {Code: ld, K: seccompArg0},
-		12:     {Code: ja, K: uint32(to(12, lSelf))},
+		0: {Code: ld, K: seccompArch},
+		1: {Code: jeq, K: arch, Jt: 0, Jf: to(1, lNo)},
+		2: {Code: ld, K: seccompNR},
+		3: {Code: jge, K: x32Bit, Jt: to(3, lNo), Jf: 0},
+		4: {Code: jeq, K: unix.SYS_CLONE, Jt: to(4, lClone), Jf: 0},
+		5: {Code: jeq, K: unix.SYS_CLONE3, Jt: to(5, lNoSys), Jf: 0},
+		6: {Code: jeq, K: unix.SYS_SOCKET, Jt: to(6, lFamily), Jf: 0},
+		7: {Code: jeq, K: unix.SYS_SOCKETPAIR, Jt: to(7, lFamily), Jf: 0},
+		8: {Code: jeq, K: unix.SYS_IO_URING_SETUP, Jt: to(8, lNoSys), Jf: 0},
+		// System V IPC objects and the kernel's keyrings belong to the
+		// node (its IPC namespace, the uid all workers share), not to the
+		// worker: a segment or a key outlives its function and the
+		// server, outside any memory group, and another tenant's worker
+		// can read it (a review's probe did both). Refused as a kernel
+		// built without them refuses them, which libraries expect.
+		9:      {Code: jeq, K: unix.SYS_SHMGET, Jt: to(9, lNoSys), Jf: 0},
+		10:     {Code: jeq, K: unix.SYS_SHMAT, Jt: to(10, lNoSys), Jf: 0},
+		11:     {Code: jeq, K: unix.SYS_MSGGET, Jt: to(11, lNoSys), Jf: 0},
+		12:     {Code: jeq, K: unix.SYS_SEMGET, Jt: to(12, lNoSys), Jf: 0},
+		13:     {Code: jeq, K: unix.SYS_ADD_KEY, Jt: to(13, lNoSys), Jf: 0},
+		14:     {Code: jeq, K: unix.SYS_KEYCTL, Jt: to(14, lNoSys), Jf: 0},
+		15:     {Code: jeq, K: unix.SYS_REQUEST_KEY, Jt: to(15, lNoSys), Jf: 0},
+		16:     {Code: jeq, K: unix.SYS_PRCTL, Jt: to(16, lPrctl), Jf: 0},
+		17:     {Code: jeq, K: unix.SYS_PRLIMIT64, Jt: 0, Jf: to(17, lPrio)},
+		18:     {Code: ld, K: seccompArg0},
+		19:     {Code: ja, K: uint32(to(19, lSelf))},
 		lPrio:  {Code: jeq, K: unix.SYS_SETPRIORITY, Jt: 0, Jf: to(lPrio, lOK)},
-		14:     {Code: ld, K: seccompArg0}, // which
-		15:     {Code: jeq, K: unix.PRIO_PGRP, Jt: to(15, lPgrp), Jf: 0},
-		16:     {Code: jeq, K: unix.PRIO_PROCESS, Jt: 0, Jf: to(16, lNo)},
-		17:     {Code: ld, K: seccompArg1}, // who
-		18:     {Code: ja, K: uint32(to(18, lSelf))},
+		21:     {Code: ld, K: seccompArg0}, // which
+		22:     {Code: jeq, K: unix.PRIO_PGRP, Jt: to(22, lPgrp), Jf: 0},
+		23:     {Code: jeq, K: unix.PRIO_PROCESS, Jt: 0, Jf: to(23, lNo)},
+		24:     {Code: ld, K: seccompArg1}, // who
+		25:     {Code: ja, K: uint32(to(25, lSelf))},
 		lPgrp:  {Code: ld, K: seccompArg1},
-		20:     {Code: jeq, K: 0, Jt: to(20, lOK), Jf: 0},
-		21:     {Code: jeq, K: pgrp, Jt: to(21, lOK), Jf: to(21, lNo)},
+		27:     {Code: jeq, K: 0, Jt: to(27, lOK), Jf: 0},
+		28:     {Code: jeq, K: pgrp, Jt: to(28, lOK), Jf: to(28, lNo)},
 		lSelf:  {Code: jeq, K: 0, Jt: to(lSelf, lOK), Jf: 0},
-		23:     {Code: jeq, K: pid, Jt: to(23, lOK), Jf: to(23, lNo)},
+		30:     {Code: jeq, K: pid, Jt: to(30, lOK), Jf: to(30, lNo)},
 		lClone: {Code: ld, K: seccompArg0}, // flags, on amd64 and arm64
-		25:     {Code: jset, K: unix.CLONE_PARENT, Jt: to(25, lNo), Jf: to(25, lOK)},
+		32:     {Code: jset, K: unix.CLONE_PARENT, Jt: to(32, lNo), Jf: to(32, lOK)},
 		// socket's and socketpair's domain: an int, so the kernel reads
 		// the argument's low 32 bits, as this does.
 		lFamily: {Code: ld, K: seccompArg0},
-		27:      {Code: jeq, K: unix.AF_UNIX, Jt: to(27, lOK), Jf: 0},
-		28:      {Code: jeq, K: unix.AF_NETLINK, Jt: to(28, lOK), Jf: to(28, lNo)},
+		34:      {Code: jeq, K: unix.AF_UNIX, Jt: to(34, lOK), Jf: 0},
+		35:      {Code: jeq, K: unix.AF_NETLINK, Jt: to(35, lOK), Jf: to(35, lNo)},
 		// prctl's option (an int) and, for PR_SET_DUMPABLE, its value: the
 		// kernel takes only 0 and 1 there, so its low 32 bits say which.
 		lPrctl: {Code: ld, K: seccompArg0},
-		30:     {Code: jeq, K: unix.PR_SET_DUMPABLE, Jt: 0, Jf: to(30, lOK)},
-		31:     {Code: ld, K: seccompArg1},
-		32:     {Code: jeq, K: 0, Jt: to(32, lOK), Jf: to(32, lNo)},
+		37:     {Code: jeq, K: unix.PR_SET_DUMPABLE, Jt: 0, Jf: to(37, lOK)},
+		38:     {Code: ld, K: seccompArg1},
+		39:     {Code: jeq, K: 0, Jt: to(39, lOK), Jf: to(39, lNo)},
 		lOK:    {Code: ret, K: allow},
 		lNo:    {Code: ret, K: deny},
 		lNoSys: {Code: ret, K: nosys},

@@ -57,6 +57,15 @@ func childReach() {
 		{"prctl-other", func() error {
 			return unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&[]byte("reach\x00")[0])), 0, 0, 0)
 		}},
+		// Arguments each call refuses (no object is made where the filter
+		// lets one by): the kernel's EINVAL, ENOENT, EFAULT, EOPNOTSUPP.
+		{"shmget", sysErr(unix.SYS_SHMGET, unix.IPC_PRIVATE, 0, 0o600)},
+		{"shmat", sysErr(unix.SYS_SHMAT, ^uintptr(0), 0, 0)},
+		{"msgget", sysErr(unix.SYS_MSGGET, 0x504c4f56, 0, 0)},
+		{"semget", sysErr(unix.SYS_SEMGET, unix.IPC_PRIVATE, ^uintptr(0), 0o600)},
+		{"add_key", sysErr(unix.SYS_ADD_KEY, 0, 0, 0)},
+		{"keyctl", sysErr(unix.SYS_KEYCTL, 9999, 0, 0)},
+		{"request_key", sysErr(unix.SYS_REQUEST_KEY, 0, 0, 0)},
 		{"clone3", func() error {
 			// No arguments: the kernel's EINVAL, where the filter lets it by.
 			_, _, e := unix.RawSyscall(unix.SYS_CLONE3, 0, 0, 0)
@@ -73,6 +82,16 @@ func childReach() {
 		default:
 			fmt.Printf("%s %v\n", c.name, err)
 		}
+	}
+}
+
+// sysErr is a call of trap with a, b, c, returning its errno (nil: none).
+func sysErr(trap, a, b, c uintptr) func() error {
+	return func() error {
+		if _, _, e := unix.Syscall(trap, a, b, c); e != 0 {
+			return e
+		}
+		return nil
 	}
 }
 
@@ -114,7 +133,9 @@ func rawClone(flags uintptr) error {
 // (pid 0 or its own, glibc's setrlimit, its own process group) and refuses
 // another process's, however its pid is written, and a whole uid's. It
 // refuses a child made its parent's (CLONE_PARENT) and clone3, and lets
-// other clones by.
+// other clones by; System V IPC and the keyrings are ENOSYS (before, a
+// worker's segment outlived it and another tenant's worker read it: a
+// review's probe).
 func TestRestrictReach(t *testing.T) {
 	other := exec.Command("sleep", "60")
 	if err := other.Start(); err != nil {
@@ -147,6 +168,9 @@ func TestRestrictReach(t *testing.T) {
 		// Dumpable again, a worker's /proc files would be its own: its
 		// autogroup's weight among them. Other prctl options pass.
 		"dumpable-0": "ok", "dumpable-1": "EPERM", "dumpable-high-bits": "EPERM", "prctl-other": "ok",
+		// The node's System V IPC objects and the uid's keyrings.
+		"shmget": "ENOSYS", "shmat": "ENOSYS", "msgget": "ENOSYS", "semget": "ENOSYS",
+		"add_key": "ENOSYS", "keyctl": "ENOSYS", "request_key": "ENOSYS",
 	} {
 		if got[name] != want {
 			t.Errorf("%s: %q, want %s (all: %s)", name, got[name], want, out)
