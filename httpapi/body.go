@@ -26,8 +26,10 @@ import (
 type BodyBudget interface {
 	TryAcquire(n int64) bool
 	Acquire(ctx context.Context, n int64) error
-	Release(n int64)
-	Max() int64 // the budget's size; 0: unlimited
+	Release(n int64)  // at most Max at once
+	TakePast(n int64) // n whether or not they fit (bodyRoom)
+	InUse() int64     // the bytes held now
+	Max() int64       // the budget's size; 0: unlimited
 }
 
 // budgetWait is how long a request waits for room in the body budget
@@ -252,72 +254,6 @@ func (s *Server) bodyError(err error, limit bodyLimit) error {
 	return &apierr.Error{Status: apierr.BadRequest, Msg: "reading the request body: " + err.Error()}
 }
 
-// hold makes the body's hold of the budget n bytes (its bytes so far and
-// the next window; at most the whole budget, so that a body larger than it
-// is read alone rather than never). Where they do not fit now it waits,
-// holding none meanwhile, as a gRPC message does: two bodies each holding
-// part of the budget and waiting for more would wait for each other
-// until one's 503 (a review's probe: two 250 KiB bodies under 256 KiB,
-// each 5 s; a body over the budget always failed). Its bytes so far are
-// then outside the count until it has room again. The wait is up to
-// budgetWait in all over the body's windows, so that no request waits for
-// ever (nor, a window at a time, up to the read timeout) behind clients
-// that hold the budget, and no later than the request's deadline or the
-// read timeout, whichever comes first (its turns' deadline): a request
-// that asked for 100 ms is answered then, as its deadline's, not as the
-// budget's at 5 s.
-func (b *bodyReader) hold(n int64) error {
-	budget := b.s.opts.BodyBudget
-	if m := budget.Max(); m > 0 {
-		n = min(n, m)
-	}
-	if n <= b.held {
-		return nil
-	}
-	if budget.TryAcquire(n - b.held) { // the usual case: no deadline to build
-		b.held = n
-		return nil
-	}
-	budget.Release(b.held)
-	b.held = 0
-	t0 := time.Now()
-	wait, dl := budgetWait-b.waited, b.t.deadline
-	byDeadline := !dl.IsZero() && dl.Sub(t0) < wait
-	if byDeadline {
-		wait = dl.Sub(t0)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
-	err := budget.Acquire(ctx, n)
-	b.waited += time.Since(t0)
-	switch {
-	case err == nil:
-		b.held = n
-		return nil
-	case byDeadline:
-		return b.t.late("room among the request bytes the server holds in memory (plover serve --max-body-memory)")
-	}
-	return apierr.MemoryFull()
-}
-
-// holdOnly gives back what the body holds beyond n bytes (what arrived
-// of a window).
-func (b *bodyReader) holdOnly(n int64) {
-	if m := b.s.opts.BodyBudget.Max(); m > 0 {
-		n = min(n, m)
-	}
-	if b.held > n {
-		b.s.opts.BodyBudget.Release(b.held - n)
-		b.held = n
-	}
-}
-
-func (s *Server) releaseBody(n int64) {
-	if s.opts.BodyBudget != nil && n > 0 {
-		s.opts.BodyBudget.Release(n)
-	}
-}
-
 var errTooLarge = errors.New("body over the limit")
 
 // A read window bounds one read, and so the budget a client waiting to
@@ -342,6 +278,7 @@ type bodyReader struct {
 	held   int64
 	handed bool          // held is the caller's to release
 	waited time.Duration // for the budget so far, over all its windows
+	since  time.Time     // its first wait for the budget (bodyWaits)
 
 	t       turns
 	conn    net.Conn
@@ -702,6 +639,9 @@ func (b *bodyReader) readAll(dst []byte, limit, announced int) ([]byte, error) {
 			// The read that lends the slot (below): what it brings is
 			// copied into the slot, so a buffer's worth at most.
 			end = min(end, len(dst)+readBuffer)
+		}
+		if m := b.s.opts.BodyBudget; budget && m.Max() > 0 {
+			end = min(end, len(dst)+int(m.Max())) // room may come, a window at a time
 		}
 		window := int64(end - len(dst))
 		if budget {

@@ -148,6 +148,7 @@ func TestStalledBodyHoldsItsFunctionsBound(t *testing.T) {
 
 // slowBudget has room for every window, but only after a wait: a body of
 // many windows waited that long for each, up to the read timeout in all.
+// Others hold it (InUse), so waiting bodies are never stuck (bodyroom.go).
 type slowBudget struct{ wait time.Duration }
 
 func (slowBudget) TryAcquire(int64) bool { return false }
@@ -159,8 +160,10 @@ func (b slowBudget) Acquire(ctx context.Context, _ int64) error {
 		return ctx.Err()
 	}
 }
-func (slowBudget) Release(int64) {}
-func (slowBudget) Max() int64    { return 0 }
+func (slowBudget) Release(int64)  {}
+func (slowBudget) Max() int64     { return 0 }
+func (slowBudget) InUse() int64   { return 1 << 40 }
+func (slowBudget) TakePast(int64) {}
 
 // dialSlowBudget serves echo (8 MiB in and out) with a slowBudget of wait
 // and returns a connection to it.

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,15 +32,19 @@ func (b waitedBudget) Acquire(ctx context.Context, n int64) error {
 	return b.Budget.Acquire(ctx, n)
 }
 
-// A body waiting for room in the body budget holds none of it: two bodies
-// each under the budget, together over it, one waiting for room while the
-// other is still arriving, are both read, and a body over the whole budget
-// (under --max-body) is read alone. Before, a body kept what it held while
-// it waited for its next window: the second body took the rest and waited,
-// the first then waited for the second, and one of them got 503 after 5 s
-// (a review's probe); a body over the budget could never have room and was
-// always 503.
-func TestBodiesWaitingForRoomHoldNone(t *testing.T) {
+// Bodies never wait for each other for room in the body budget, and the
+// budget counts every byte they hold: two bodies each under the budget,
+// together over it, one waiting for room while the other is still
+// arriving, are both read; so is a body over the whole budget (under
+// --max-body), alone; and sixteen slow bodies of 200 KiB under 256 KiB
+// all are, the bytes held never past the budget plus one body. Before, a
+// body kept what it held while it waited for its next window: the second
+// body took the rest and waited, the first then waited for the second, and
+// one got 503 after 5 s (a review's probe); a body over the budget never
+// had room. A first mend gave back what a waiting body held, and so
+// counted none of its bytes while it waited: the sixteen held 1.6 MB past
+// a 256 KiB budget (the next review's probe).
+func TestBodiesNeverWaitForEachOther(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	m := testkit.Manifest("echo")
 	m.MaxInputBytes = 2 << 20
@@ -68,14 +73,14 @@ func TestBodiesWaitingForRoomHoldNone(t *testing.T) {
 	}
 
 	t.Run("two bodies, one waiting while the other arrives", func(t *testing.T) {
-		const size = 250 << 10
+		const size, first = 250 << 10, 100 << 10
 		a := dial()
 		fmt.Fprintf(a, head, size)
-		a.Write(make([]byte, size/2))
+		a.Write(make([]byte, first))
 		end := time.Now().Add(10 * time.Second)
-		for budget.InUse() < size/2 { // a's first half read
+		for budget.InUse() < first { // a's first part read
 			if time.Now().After(end) {
-				t.Fatalf("a's first half not read: %d bytes held", budget.InUse())
+				t.Fatalf("a's first part not read: %d bytes held", budget.InUse())
 			}
 			time.Sleep(2 * time.Millisecond)
 		}
@@ -87,8 +92,13 @@ func TestBodiesWaitingForRoomHoldNone(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("b never waited for room")
 		}
+		// b waits holding what it read: the budget, short of a window (a
+		// holds its first part and a window, at most 164 KiB).
+		if in, least := budget.InUse(), budget.Max()-64<<10; in <= least {
+			t.Errorf("while b waits the budget counts %d bytes, want over %d: b's bytes are not counted", in, least)
+		}
 		go b.Write(make([]byte, size/2))
-		a.Write(make([]byte, size/2))
+		a.Write(make([]byte, size-first))
 		if sa, sb := answer(a), answer(b); sa != 200 || sb != 200 {
 			t.Errorf("a %d, b %d; want 200, 200", sa, sb)
 		}
@@ -102,6 +112,44 @@ func TestBodiesWaitingForRoomHoldNone(t *testing.T) {
 		}()
 		if s := answer(c); s != 200 {
 			t.Errorf("a 512 KiB body under a 256 KiB budget: %d, want 200", s)
+		}
+	})
+	t.Run("sixteen slow bodies", func(t *testing.T) {
+		const size, piece = 200 << 10, 32 << 10
+		var peak atomic.Int64
+		stop := make(chan struct{})
+		sampled := make(chan struct{})
+		go func() { // the most the budget counts while they arrive
+			defer close(sampled)
+			for {
+				peak.Store(max(peak.Load(), budget.InUse()))
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Millisecond):
+				}
+			}
+		}()
+		conns := make([]net.Conn, 16)
+		for i := range conns {
+			conns[i] = dial()
+			go func(c net.Conn) {
+				fmt.Fprintf(c, head, size)
+				for sent := 0; sent < size; sent += piece {
+					c.Write(make([]byte, piece))
+					time.Sleep(10 * time.Millisecond) // a slow sender's pace, not a wait for state
+				}
+			}(conns[i])
+		}
+		for i, c := range conns {
+			if s := answer(c); s != 200 {
+				t.Errorf("body %d: %d, want 200", i, s)
+			}
+		}
+		close(stop)
+		<-sampled
+		if most := budget.Max() + size; peak.Load() > most {
+			t.Errorf("the budget counted %d bytes at most, over the budget and one body (%d)", peak.Load(), most)
 		}
 	})
 	end := time.Now().Add(10 * time.Second)

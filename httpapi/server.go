@@ -115,6 +115,8 @@ type Server struct {
 	loopback atomic.Pointer[string]
 	// origins are Options.Origins, normalized (ParseOrigin).
 	origins [][]byte
+	// waits are the bodies waiting for room in the body budget.
+	waits bodyWaits
 }
 
 // SetReady sets what /readyz answers; a server going down sets it false

@@ -697,6 +697,24 @@ func (b *Budget) Acquire(ctx context.Context, n int64) error {
 	return ctx.Err()
 }
 
+// TakePast takes n bytes whether or not they fit: InUse may pass Max.
+// For a holder whose going on is what frees the budget (every byte of it
+// held by waiters, itself the one chosen to go on); waiters get nothing
+// until InUse is back under Max. Given back by Release, in pieces of at
+// most Max (Release clamps as Acquire does).
+func (b *Budget) TakePast(n int64) {
+	if b == nil || n <= 0 {
+		return
+	}
+	if b.max <= 0 {
+		b.inUse.Add(n)
+		return
+	}
+	b.mu.Lock()
+	b.inUse.Add(n)
+	b.mu.Unlock()
+}
+
 // Release gives back n bytes taken by Acquire, with the same n, and grants
 // them to the waiters that then fit. Releasing more than is held is a bug
 // in the caller and panics. n <= 0 releases nothing.

@@ -1543,3 +1543,31 @@ func (c *deadlineCtx) Err() error {
 		return nil
 	}
 }
+
+// TakePast takes bytes past the budget (a body that must go on for others
+// to have room): InUse passes Max, nobody else has room until it is back
+// under, and Release gives them back in pieces of at most Max.
+func TestTakePastHoldsOthersBack(t *testing.T) {
+	b := NewBudget(100)
+	if !b.TryAcquire(60) {
+		t.Fatal("60 of 100 did not fit")
+	}
+	b.TakePast(90)
+	if got := b.InUse(); got != 150 {
+		t.Fatalf("InUse %d after 60 and 90 past, want 150", got)
+	}
+	if b.TryAcquire(1) {
+		t.Fatal("a byte fit past the budget")
+	}
+	got := make(chan error, 1)
+	go func() { got <- b.Acquire(context.Background(), 40) }()
+	b.Release(90) // 60 left: the waiter's 40 fit
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	b.Release(60)
+	b.Release(40)
+	if got := b.InUse(); got != 0 {
+		t.Errorf("InUse %d after all given back, want 0", got)
+	}
+}
