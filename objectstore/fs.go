@@ -362,8 +362,12 @@ func (s *FS) listDir(ctx context.Context, rel, prefix string, out *[]Info) error
 		}); err != nil {
 			return err
 		}
-		if errors.Is(serr, unix.ENOENT) {
-			continue // deleted since the directory was read (or a dangling link)
+		if errors.Is(serr, unix.ENOENT) || errors.Is(serr, unix.ELOOP) || errors.Is(serr, unix.ENOTDIR) || errors.Is(serr, unix.EACCES) {
+			// Deleted since the directory was read, or a link that leads
+			// nowhere Get could read (dangling, a loop, through a file or
+			// a directory closed to the server): no object, and no reason
+			// to fail the listing of every other.
+			continue
 		}
 		if serr != nil {
 			return &fs.PathError{Op: "stat", Path: filepath.Join(s.root, filepath.FromSlash(key)), Err: serr}

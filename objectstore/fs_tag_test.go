@@ -76,7 +76,8 @@ func TestAVersionsTagFollowsTheOneItReplaces(t *testing.T) {
 
 // A link in the store (a key linked to another's file) lists with the tag
 // Stat gives it, as the engine and the registry compare the two; a link to
-// a directory or a dangling one lists as no object, as Get says. Before,
+// a directory, a dangling one, a loop or one through a file lists as no
+// object, as Get says, and fails no listing of the others. Before,
 // List stat'ed the link itself: its tag never matched, and a node read the
 // record again at every poll.
 func TestFSListFollowsLinksAsStatDoes(t *testing.T) {
@@ -89,7 +90,7 @@ func TestFSListFollowsLinksAsStatDoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(s.root, "functions")
-	for name, target := range map[string]string{"b.json": "a.json", "c.json": ".", "d.json": "gone.json"} {
+	for name, target := range map[string]string{"b.json": "a.json", "c.json": ".", "d.json": "gone.json", "e.json": "e.json", "f.json": "a.json/x"} {
 		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
 			t.Fatal(err)
 		}

@@ -87,10 +87,10 @@ func parseID(s string) (int, error) {
 
 // MaxFiles is the most descriptors a worker's process may hold (its
 // RLIMIT_NOFILE, hard): room for a function's instances (one socket each,
-// max_instances at most 1,024) and a driver's device files, and a bound
-// on one worker's share of the node's file table of MaxFiles times its
-// processes (--worker-max-pids). A memory group (--worker-max-memory)
-// charges each open file's kernel memory too.
+// max_instances at most 1,024) and a driver's device files. It bounds
+// descriptors, not open files: a file mapped and closed stays open
+// without one. A memory group (--worker-max-memory) charges each open
+// file's kernel memory, which bounds them.
 const MaxFiles = 4096
 
 // Policy says what Enter does.

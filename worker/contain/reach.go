@@ -56,12 +56,9 @@ import (
 // host. io_uring_setup fails with ENOSYS, as on a kernel without io_uring:
 // a ring makes sockets without socket(2) (IORING_OP_SOCKET); with no ring
 // to be had, io_uring_enter and io_uring_register have nothing to act on.
-// System V IPC's shmget, shmat, msgget and semget, and the keyrings'
-// add_key, keyctl and request_key, fail with ENOSYS, as on a kernel built
-// without them: their objects are the node's, not the worker's (a segment
-// outlives its worker and the server, outside its memory group, and
-// workers of every tenant share the uid's keyring), and nothing a
-// function needs makes them.
+// System V IPC, POSIX message queues and the keyrings fail with ENOSYS
+// too, as on a kernel built without them (nosysCalls): their objects are
+// the node's, not the worker's, and nothing a function needs makes them.
 // amd64 and arm64 have no socketcall(2); i386's, by int 0x80 on amd64, is
 // refused with every call of another architecture.
 //
@@ -131,73 +128,82 @@ func reachFilter(arch, pid, pgrp uint32) []unix.SockFilter {
 		nosys = unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)
 		jset  = unix.BPF_JMP | unix.BPF_JSET | unix.BPF_K
 	)
-	// Labels: the index of each named instruction below.
-	const (
-		lPrio   = 20
-		lPgrp   = 26
-		lSelf   = 29
-		lClone  = 31
-		lFamily = 33
-		lPrctl  = 36
-		lOK     = 40
-		lNo     = 41
-		lNoSys  = 42
-	)
-	// to is the jump offset from instruction at to label.
-	to := func(at, label int) uint8 { return uint8(label - at - 1) }
-	return []unix.SockFilter{
-		0: {Code: ld, K: seccompArch},
-		1: {Code: jeq, K: arch, Jt: 0, Jf: to(1, lNo)},
-		2: {Code: ld, K: seccompNR},
-		3: {Code: jge, K: x32Bit, Jt: to(3, lNo), Jf: 0},
-		4: {Code: jeq, K: unix.SYS_CLONE, Jt: to(4, lClone), Jf: 0},
-		5: {Code: jeq, K: unix.SYS_CLONE3, Jt: to(5, lNoSys), Jf: 0},
-		6: {Code: jeq, K: unix.SYS_SOCKET, Jt: to(6, lFamily), Jf: 0},
-		7: {Code: jeq, K: unix.SYS_SOCKETPAIR, Jt: to(7, lFamily), Jf: 0},
-		8: {Code: jeq, K: unix.SYS_IO_URING_SETUP, Jt: to(8, lNoSys), Jf: 0},
-		// System V IPC objects and the kernel's keyrings belong to the
-		// node (its IPC namespace, the uid all workers share), not to the
-		// worker: a segment or a key outlives its function and the
-		// server, outside any memory group, and another tenant's worker
-		// can read it (a review's probe did both). Refused as a kernel
-		// built without them refuses them, which libraries expect.
-		9:      {Code: jeq, K: unix.SYS_SHMGET, Jt: to(9, lNoSys), Jf: 0},
-		10:     {Code: jeq, K: unix.SYS_SHMAT, Jt: to(10, lNoSys), Jf: 0},
-		11:     {Code: jeq, K: unix.SYS_MSGGET, Jt: to(11, lNoSys), Jf: 0},
-		12:     {Code: jeq, K: unix.SYS_SEMGET, Jt: to(12, lNoSys), Jf: 0},
-		13:     {Code: jeq, K: unix.SYS_ADD_KEY, Jt: to(13, lNoSys), Jf: 0},
-		14:     {Code: jeq, K: unix.SYS_KEYCTL, Jt: to(14, lNoSys), Jf: 0},
-		15:     {Code: jeq, K: unix.SYS_REQUEST_KEY, Jt: to(15, lNoSys), Jf: 0},
-		16:     {Code: jeq, K: unix.SYS_PRCTL, Jt: to(16, lPrctl), Jf: 0},
-		17:     {Code: jeq, K: unix.SYS_PRLIMIT64, Jt: 0, Jf: to(17, lPrio)},
-		18:     {Code: ld, K: seccompArg0},
-		19:     {Code: ja, K: uint32(to(19, lSelf))},
-		lPrio:  {Code: jeq, K: unix.SYS_SETPRIORITY, Jt: 0, Jf: to(lPrio, lOK)},
-		21:     {Code: ld, K: seccompArg0}, // which
-		22:     {Code: jeq, K: unix.PRIO_PGRP, Jt: to(22, lPgrp), Jf: 0},
-		23:     {Code: jeq, K: unix.PRIO_PROCESS, Jt: 0, Jf: to(23, lNo)},
-		24:     {Code: ld, K: seccompArg1}, // who
-		25:     {Code: ja, K: uint32(to(25, lSelf))},
-		lPgrp:  {Code: ld, K: seccompArg1},
-		27:     {Code: jeq, K: 0, Jt: to(27, lOK), Jf: 0},
-		28:     {Code: jeq, K: pgrp, Jt: to(28, lOK), Jf: to(28, lNo)},
-		lSelf:  {Code: jeq, K: 0, Jt: to(lSelf, lOK), Jf: 0},
-		30:     {Code: jeq, K: pid, Jt: to(30, lOK), Jf: to(30, lNo)},
-		lClone: {Code: ld, K: seccompArg0}, // flags, on amd64 and arm64
-		32:     {Code: jset, K: unix.CLONE_PARENT, Jt: to(32, lNo), Jf: to(32, lOK)},
-		// socket's and socketpair's domain: an int, so the kernel reads
-		// the argument's low 32 bits, as this does.
-		lFamily: {Code: ld, K: seccompArg0},
-		34:      {Code: jeq, K: unix.AF_UNIX, Jt: to(34, lOK), Jf: 0},
-		35:      {Code: jeq, K: unix.AF_NETLINK, Jt: to(35, lOK), Jf: to(35, lNo)},
-		// prctl's option (an int) and, for PR_SET_DUMPABLE, its value: the
-		// kernel takes only 0 and 1 there, so its low 32 bits say which.
-		lPrctl: {Code: ld, K: seccompArg0},
-		37:     {Code: jeq, K: unix.PR_SET_DUMPABLE, Jt: 0, Jf: to(37, lOK)},
-		38:     {Code: ld, K: seccompArg1},
-		39:     {Code: jeq, K: 0, Jt: to(39, lOK), Jf: to(39, lNo)},
-		lOK:    {Code: ret, K: allow},
-		lNo:    {Code: ret, K: deny},
-		lNoSys: {Code: ret, K: nosys},
+	// Labels: the index of each named instruction below, from the first
+	// after the calls that fail with ENOSYS (at).
+	at := 7 + len(nosysCalls)
+	lPrio, lPgrp, lSelf, lClone, lFamily, lPrctl := at+4, at+10, at+13, at+15, at+17, at+20
+	lOK, lNo, lNoSys := at+24, at+25, at+26
+	// to is the jump offset from instruction i to label.
+	to := func(i, label int) uint8 { return uint8(label - i - 1) }
+	prog := []unix.SockFilter{
+		{Code: ld, K: seccompArch},
+		{Code: jeq, K: arch, Jt: 0, Jf: to(1, lNo)},
+		{Code: ld, K: seccompNR},
+		{Code: jge, K: x32Bit, Jt: to(3, lNo), Jf: 0},
+		{Code: jeq, K: unix.SYS_CLONE, Jt: to(4, lClone), Jf: 0},
+		{Code: jeq, K: unix.SYS_SOCKET, Jt: to(5, lFamily), Jf: 0},
+		{Code: jeq, K: unix.SYS_SOCKETPAIR, Jt: to(6, lFamily), Jf: 0},
 	}
+	for _, nr := range nosysCalls {
+		prog = append(prog, unix.SockFilter{Code: jeq, K: nr, Jt: to(len(prog), lNoSys), Jf: 0})
+	}
+	return append(prog, []unix.SockFilter{
+		{Code: jeq, K: unix.SYS_PRCTL, Jt: to(at, lPrctl), Jf: 0},
+		{Code: jeq, K: unix.SYS_PRLIMIT64, Jt: 0, Jf: to(at+1, lPrio)},
+		{Code: ld, K: seccompArg0},
+		{Code: ja, K: uint32(to(at+3, lSelf))},
+		// lPrio
+		{Code: jeq, K: unix.SYS_SETPRIORITY, Jt: 0, Jf: to(lPrio, lOK)},
+		{Code: ld, K: seccompArg0}, // which
+		{Code: jeq, K: unix.PRIO_PGRP, Jt: to(at+6, lPgrp), Jf: 0},
+		{Code: jeq, K: unix.PRIO_PROCESS, Jt: 0, Jf: to(at+7, lNo)},
+		{Code: ld, K: seccompArg1}, // who
+		{Code: ja, K: uint32(to(at+9, lSelf))},
+		// lPgrp
+		{Code: ld, K: seccompArg1},
+		{Code: jeq, K: 0, Jt: to(at+11, lOK), Jf: 0},
+		{Code: jeq, K: pgrp, Jt: to(at+12, lOK), Jf: to(at+12, lNo)},
+		// lSelf
+		{Code: jeq, K: 0, Jt: to(lSelf, lOK), Jf: 0},
+		{Code: jeq, K: pid, Jt: to(at+14, lOK), Jf: to(at+14, lNo)},
+		// lClone: flags, on amd64 and arm64
+		{Code: ld, K: seccompArg0},
+		{Code: jset, K: unix.CLONE_PARENT, Jt: to(at+16, lNo), Jf: to(at+16, lOK)},
+		// lFamily: socket's and socketpair's domain, an int, so the
+		// kernel reads the argument's low 32 bits, as this does.
+		{Code: ld, K: seccompArg0},
+		{Code: jeq, K: unix.AF_UNIX, Jt: to(at+18, lOK), Jf: 0},
+		{Code: jeq, K: unix.AF_NETLINK, Jt: to(at+19, lOK), Jf: to(at+19, lNo)},
+		// lPrctl: prctl's option (an int) and, for PR_SET_DUMPABLE, its
+		// value: the kernel takes only 0 and 1 there, so its low 32 bits
+		// say which.
+		{Code: ld, K: seccompArg0},
+		{Code: jeq, K: unix.PR_SET_DUMPABLE, Jt: 0, Jf: to(at+21, lOK)},
+		{Code: ld, K: seccompArg1},
+		{Code: jeq, K: 0, Jt: to(at+23, lOK), Jf: to(at+23, lNo)},
+		// lOK, lNo, lNoSys
+		{Code: ret, K: allow},
+		{Code: ret, K: deny},
+		{Code: ret, K: nosys},
+	}...)
+}
+
+// nosysCalls fail with ENOSYS, as on a kernel without them. clone3: glibc
+// falls back to clone, whose flags the filter can read (clone3's are in
+// memory). io_uring_setup: a ring makes sockets without socket(2)
+// (IORING_OP_SOCKET). System V IPC and POSIX message queues: their
+// objects belong to the node (its IPC namespace), not to the worker: a
+// segment or a queue outlives its worker and the server, outside any
+// memory group, and a worker could use another's (the calls by id reach
+// objects made by any process of the worker's uid); a review's probe left
+// a segment that another tenant's worker read. The keyrings: every worker
+// of --worker-user shares its keyring, a channel between tenants that
+// outlives them.
+var nosysCalls = []uint32{
+	unix.SYS_CLONE3, unix.SYS_IO_URING_SETUP,
+	unix.SYS_SHMGET, unix.SYS_SHMAT, unix.SYS_SHMCTL, unix.SYS_SHMDT,
+	unix.SYS_MSGGET, unix.SYS_MSGSND, unix.SYS_MSGRCV, unix.SYS_MSGCTL,
+	unix.SYS_SEMGET, unix.SYS_SEMOP, unix.SYS_SEMTIMEDOP, unix.SYS_SEMCTL,
+	unix.SYS_MQ_OPEN, unix.SYS_MQ_UNLINK, unix.SYS_MQ_TIMEDSEND, unix.SYS_MQ_TIMEDRECEIVE, unix.SYS_MQ_NOTIFY, unix.SYS_MQ_GETSETATTR,
+	unix.SYS_ADD_KEY, unix.SYS_KEYCTL, unix.SYS_REQUEST_KEY,
 }
