@@ -551,9 +551,18 @@ func (s *Server) modelInfer(ctx context.Context, req *pb.ModelInferRequest, io *
 	}
 	// What HTTP says in Server-Timing, X-Plover-Start and X-Plover-Version.
 	r := o.Req
-	grpc.SetHeader(ctx, metadata.Pairs("server-timing", string(reqmetrics.AppendServerTiming(make([]byte, 0, reqmetrics.ServerTimingCap), r)),
+	grpc.SetHeader(ctx, metadata.Pairs("server-timing", string(reqmetrics.AppendServerTiming(make([]byte, 0, reqmetrics.ServerTimingCap), r, s.stepsSeen(ctx, r))),
 		"x-plover-start", r.Start.String(), "x-plover-version", r.Version))
 	return resp, nil
+}
+
+// stepsSeen is which of a pipeline call's steps its caller may learn of
+// (reqmetrics.StepShown); nil for a function's call: nothing to ask.
+func (s *Server) stepsSeen(ctx context.Context, r *call.Request) func(string) bool {
+	if len(r.Steps) == 0 {
+		return nil
+	}
+	return s.door.Gate().Sees(authorization(ctx))
 }
 
 func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.Request, io *inferIO) (*pb.ModelInferResponse, error) {

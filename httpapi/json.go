@@ -15,6 +15,7 @@ import (
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/oip"
+	"github.com/plover-run/plover/reqmetrics"
 )
 
 // invokeBody is the JSON request. Two shapes share it: Plover's
@@ -218,7 +219,9 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name call.Name, c *exchang
 		out = strconv.AppendInt(out, kv.v, 10)
 	}
 	out = append(out, '}')
-	// A pipeline: each function step, in the order they ran.
+	// A pipeline: each function step, in the order they ran; one its
+	// caller may not learn of by its place and time alone.
+	sees := s.stepsSeen(ctx, c)
 	for i := range c.req.Steps {
 		st := &c.req.Steps[i]
 		if i == 0 {
@@ -228,13 +231,16 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name call.Name, c *exchang
 		}
 		out = append(out, `{"step":`...)
 		out = strconv.AppendInt(out, int64(st.Index), 10)
-		out = append(out, `,"function":`...)
-		out = appendJSONString(out, st.Step)
-		out = append(out, `,"version":`...)
-		out = appendJSONString(out, st.Version)
-		out = append(out, `,"start":"`...)
-		out = append(out, st.Start.String()...)
-		out = append(out, `","total_us":`...)
+		if reqmetrics.StepShown(st, sees) {
+			out = append(out, `,"function":`...)
+			out = appendJSONString(out, st.Step)
+			out = append(out, `,"version":`...)
+			out = appendJSONString(out, st.Version)
+			out = append(out, `,"start":"`...)
+			out = append(out, st.Start.String()...)
+			out = append(out, '"')
+		}
+		out = append(out, `,"total_us":`...)
 		out = strconv.AppendInt(out, st.Timing.Total.Microseconds(), 10)
 		out = append(out, '}')
 		if i == len(c.req.Steps)-1 {

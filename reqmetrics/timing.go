@@ -2,6 +2,7 @@ package reqmetrics
 
 import (
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/plover-run/plover/call"
@@ -17,10 +18,11 @@ const ServerTimingCap = 320
 // (milliseconds, as the header's dur expects): the phases, which for a
 // function add up to total (resolve and dispatch hold what the others do
 // not), a batching function's batch wait and size, and a pipeline's
-// steps. HTTP sends it as
-// Server-Timing, gRPC as server-timing header metadata. It allocates
-// nothing when b has room.
-func AppendServerTiming(b []byte, r *call.Request) []byte {
+// steps: each named only where sees (nil: every name) takes every name in
+// its path ("inner/cnn"), else by its place and time alone (StepShown).
+// HTTP sends it as Server-Timing, gRPC as server-timing header metadata.
+// It allocates nothing when b has room.
+func AppendServerTiming(b []byte, r *call.Request, sees func(string) bool) []byte {
 	t := &r.Timing
 	b = appendDur(b, "queue", t.Queue, true)
 	b = appendDur(b, "sched", t.Sched, false)
@@ -52,7 +54,7 @@ func AppendServerTiming(b []byte, r *call.Request) []byte {
 			b = append(b, " steps\""...)
 			break
 		}
-		b = appendStep(b, &r.Steps[i])
+		b = appendStep(b, &r.Steps[i], StepShown(&r.Steps[i], sees))
 	}
 	return b
 }
@@ -60,11 +62,37 @@ func AppendServerTiming(b []byte, r *call.Request) []byte {
 // maxTimedSteps bounds a pipeline's step entries in Server-Timing.
 const maxTimedSteps = 64
 
+// StepShown reports whether a pipeline's caller may learn st's function:
+// sees (nil: every name; else gate.Sees, its token's globs) takes every
+// name in the step's path. A pipeline may offer a function to clients
+// that may not call it, and so not learn of it: its name, version, nor
+// whether another tenant ran it lately (its start kind).
+func StepShown(st *call.StepTiming, sees func(string) bool) bool {
+	if sees == nil {
+		return true
+	}
+	for rest := st.Step; ; {
+		name, after, more := strings.Cut(rest, "/")
+		if !sees(name) {
+			return false
+		}
+		if !more {
+			return true
+		}
+		rest = after
+	}
+}
+
 // appendStep writes a pipeline step's Server-Timing entry:
-// step1;desc="cnn hot 3f1c9a2e";dur=0.210 (its whole time in the engine).
-func appendStep(b []byte, st *call.StepTiming) []byte {
+// step1;desc="cnn hot 3f1c9a2e";dur=0.210 (its whole time in the engine),
+// or, not shown to its caller, step1;dur=0.210.
+func appendStep(b []byte, st *call.StepTiming, shown bool) []byte {
 	b = append(b, ", step"...)
 	b = strconv.AppendInt(b, int64(st.Index), 10)
+	if !shown {
+		b = append(b, ";dur="...)
+		return strconv.AppendFloat(b, float64(st.Timing.Total.Nanoseconds())/1e6, 'f', 3, 64)
+	}
 	b = append(b, ";desc=\""...)
 	b = append(b, st.Step...)
 	b = append(b, ' ')

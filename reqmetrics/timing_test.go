@@ -33,7 +33,7 @@ func TestServerTimingParts(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &call.Request{Timing: tc.tm, BatchSize: tc.n}
 			b := make([]byte, 0, ServerTimingCap)
-			if n := testing.AllocsPerRun(100, func() { b = AppendServerTiming(b[:0], r) }); n != 0 {
+			if n := testing.AllocsPerRun(100, func() { b = AppendServerTiming(b[:0], r, nil) }); n != 0 {
 				t.Errorf("%v allocations; want none into %d bytes (the header is %d)", n, ServerTimingCap, len(b))
 			}
 			got := string(b)
@@ -41,5 +41,25 @@ func TestServerTimingParts(t *testing.T) {
 				t.Errorf("%s\nwant %q in it%s", got, tc.want, map[bool]string{true: ", and no " + tc.none}[tc.none != ""])
 			}
 		})
+	}
+}
+
+// A step is shown to its caller only where it sees every name in the
+// step's path: a nested pipeline's step hides if either the pipeline or
+// the function is another tenant's.
+func TestStepShown(t *testing.T) {
+	sees := func(name string) bool { return strings.HasPrefix(name, "a-") }
+	for _, tc := range []struct {
+		step string
+		want bool
+	}{
+		{"a-cnn", true}, {"b-cnn", false}, {"a-inner/a-cnn", true}, {"a-inner/b-cnn", false}, {"b-inner/a-cnn", false},
+	} {
+		if got := StepShown(&call.StepTiming{Step: tc.step}, sees); got != tc.want {
+			t.Errorf("%s: shown %v, want %v", tc.step, got, tc.want)
+		}
+		if !StepShown(&call.StepTiming{Step: tc.step}, nil) {
+			t.Errorf("%s: hidden with no tokens", tc.step)
+		}
 	}
 }

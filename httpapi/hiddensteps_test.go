@@ -1,0 +1,96 @@
+package httpapi_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/httpapi"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// A pipeline's answer names to its caller only the steps whose functions
+// its token may use: a-pipe runs a-vec then b-secret (another tenant's,
+// offered through the pipeline), and a token limited to a-* reads b-secret's
+// step by its place and time alone, in Server-Timing and in the JSON
+// answer; an admin token reads both. Before, the answer named b-secret,
+// its version and whether it ran cold (a review's probe).
+func TestAPipelinesAnswerNamesOnlyStepsItsCallerSees(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	for _, n := range []string{"a-vec", "b-secret"} {
+		testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest(n), nil))
+	}
+	testkit.Deploy(t, e, testkit.PipelineDir(t, "a-pipe", "a-vec", "b-secret"))
+	toks := map[string]string{}
+	var lines []string
+	for _, l := range []struct {
+		name   string
+		scopes auth.Scope
+		globs  []string
+	}{{"ops", auth.Admin, nil}, {"tenant-a", auth.Invoke, []string{"a-*"}}} {
+		tok, err := auth.NewToken()
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks[l.name] = tok
+		lines = append(lines, auth.Line(l.name, l.scopes, auth.Hash(tok), l.globs, auth.Limits{}))
+	}
+	tab, err := auth.Parse(strings.NewReader(strings.Join(lines, "\n")+"\n"), "tokens")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := testkit.ServeTokens(t, e, tab, httpapi.Options{})
+	for _, tc := range []struct {
+		token, contentType, body string
+		secret                   bool
+	}{
+		{"tenant-a", "application/octet-stream", "abcdefgh", false},
+		{"tenant-a", "application/json", `{"input":"YWJjZGVmZ2g="}`, false},
+		{"ops", "application/octet-stream", "abcdefgh", true},
+		{"ops", "application/json", `{"input":"YWJjZGVmZ2g="}`, true},
+	} {
+		t.Run(tc.token+" "+tc.contentType, func(t *testing.T) {
+			req, _ := http.NewRequest("POST", url+"/v1/functions/a-pipe/invoke", strings.NewReader(tc.body))
+			req.Header.Set("Authorization", "Bearer "+toks[tc.token])
+			req.Header.Set("Content-Type", tc.contentType)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("%d: %s", resp.StatusCode, body)
+			}
+			st := resp.Header.Get("Server-Timing")
+			if !strings.Contains(st, `step0;desc="a-vec `) {
+				t.Errorf("Server-Timing does not name the caller's own step: %s", st)
+			}
+			if got := strings.Contains(st, "b-secret"); got != tc.secret {
+				t.Errorf("Server-Timing names b-secret: %v, want %v: %s", got, tc.secret, st)
+			}
+			if !tc.secret && !strings.Contains(st, ", step1;dur=") {
+				t.Errorf("Server-Timing has no nameless entry for the step it may not see: %s", st)
+			}
+			if tc.contentType != "application/json" {
+				return
+			}
+			var out struct {
+				Steps []map[string]any `json:"steps"`
+			}
+			if err := json.Unmarshal(body, &out); err != nil || len(out.Steps) != 2 {
+				t.Fatalf("answer %s (%v): want two steps", body, err)
+			}
+			_, named := out.Steps[1]["function"]
+			_, versioned := out.Steps[1]["version"]
+			_, started := out.Steps[1]["start"]
+			if named != tc.secret || versioned != tc.secret || started != tc.secret || out.Steps[1]["total_us"] == nil {
+				t.Errorf("second step %v: function, version, start given %v, %v, %v, want %v, and its time", out.Steps[1], named, versioned, started, tc.secret)
+			}
+		})
+	}
+}
