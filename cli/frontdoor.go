@@ -198,6 +198,11 @@ func (d *frontDoor) listenMetrics() (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-listen %s: %w", d.f.metricsListen, err)
 	}
+	if a, ok := ln.Addr().(*net.TCPAddr); ok && !a.IP.IsLoopback() {
+		// It answers anyone who reaches it, with more than a read token
+		// shows (a review's finding): say so where the operator looks.
+		d.log.Warn("--metrics-listen: /metrics without authentication on a non-loopback address names every tenant's functions, pipelines and limited tokens, and their request rates, to anyone who reaches it: keep it on a network only the scraper reaches", "addr", ln.Addr().String())
+	}
 	return &netguard.Listener{Listener: ln, Max: 64, OnError: d.guard.OnError}, nil
 }
 

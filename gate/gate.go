@@ -288,6 +288,19 @@ func (g *Gate) Sees(authorization []byte) func(function string) bool {
 	return g.tokens.Lookup(tok).Covers
 }
 
+// Reads reports whether the caller authorization carries may read the
+// server's state (a token of the read scope, deploy's or admin's; anyone
+// without tokens): an open probe (/healthz) tells others only whether the
+// server is healthy, not what its devices hold, which follows other
+// tenants' loads. Not counted as a refusal: the probe is answered.
+func (g *Gate) Reads(authorization []byte) bool {
+	if g.tokens == nil {
+		return true
+	}
+	tok, _ := auth.BearerToken(authorization)
+	return g.tokens.Lookup(tok).AllowScope(auth.Read) == nil
+}
+
 // Tenant is whose a deploy by the caller authorization carries makes the
 // version: its token's name (never the token), "" without tokens (every
 // function one tenant). A token gone since Admit (the auth file reloaded)

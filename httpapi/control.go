@@ -232,6 +232,22 @@ func (s *Server) health(ctx *fasthttp.RequestCtx) {
 	if !ok {
 		status, code = "unhealthy", fasthttp.StatusServiceUnavailable
 	}
+	if !s.gate.Reads(ctx.Request.Header.PeekBytes(hdrAuthorization)) {
+		// A probe without a token of the read scope: each device's name
+		// and health, not its memory nor its error, which follow other
+		// tenants' loads and cold starts (a review's probe).
+		type probed struct {
+			Name    string `json:"name"`
+			Target  string `json:"target"`
+			Healthy bool   `json:"healthy"`
+		}
+		shown := make([]probed, len(devs))
+		for i, d := range devs {
+			shown[i] = probed{d.Name, d.Target, d.Healthy}
+		}
+		writeJSON(ctx, code, map[string]any{"status": status, "devices": shown})
+		return
+	}
 	body := map[string]any{"status": status, "devices": devs}
 	if s.opts.CPUWeights != nil {
 		body["cpu_weights"] = s.opts.CPUWeights()
