@@ -286,8 +286,10 @@ func PinVersion(ctx context.Context, inv Pinner, name, version string, deadline 
 	}
 	if err == nil && pin.Pipeline() {
 		if err := pin.Runs(func(fn string) error { return pipedef.Allowed(ctx, fn) }); err != nil {
+			// Not naming the step: a function the token may not use may
+			// be another tenant's, whose name it must not learn.
 			pin.Release()
-			return pipeline.Pin{}, &apierr.Error{Status: apierr.Forbidden, Msg: fmt.Sprintf("model %s version %s is not its current version, and an older version of a pipeline runs only for a token that may invoke each of its steps: %v (the current version needs invoke on %s alone)", name, version, err, name)}
+			return pipeline.Pin{}, &apierr.Error{Status: apierr.Forbidden, Msg: fmt.Sprintf("model %s version %s is not its current version, and an older version of a pipeline runs only for a token that may invoke each of its steps, which this one may not (the current version needs invoke on %s alone)", name, version, name)}
 		}
 	}
 	return pin, err
