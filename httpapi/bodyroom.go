@@ -30,6 +30,12 @@ type bodyWaits struct {
 type bodyWait struct {
 	since time.Time // the body's first wait: its place, kept across its windows
 	held  int64
+	// first is closed once the body is the first waiter, the one that
+	// looks whether the waiters are stuck; the others wait without
+	// looking (a review measured 1.3 cores for 5,000 waiters that each
+	// looked every 20 ms).
+	first  chan struct{}
+	isHead bool
 }
 
 // enter counts w, a body holding w.held, among the waiters.
@@ -44,6 +50,7 @@ func (ws *bodyWaits) enter(w *bodyWait) {
 	copy(ws.list[i+1:], ws.list[i:])
 	ws.list[i] = w
 	ws.held += w.held
+	ws.crown()
 }
 
 // leave ends w's wait.
@@ -54,21 +61,32 @@ func (ws *bodyWaits) leave(w *bodyWait) {
 		if x == w {
 			ws.list = append(ws.list[:i], ws.list[i+1:]...)
 			ws.held -= w.held
+			ws.crown()
 			return
 		}
 	}
 }
 
-// stuck reports whether w is the first waiter and every byte of inUse is
-// held by waiters, so that no room would come but from a waiter.
-func (ws *bodyWaits) stuck(w *bodyWait, inUse int64) bool {
-	ws.mu.Lock()
-	defer ws.mu.Unlock()
-	return len(ws.list) > 0 && ws.list[0] == w && inUse <= ws.held
+// crown tells the first waiter it is first. ws.mu is held.
+func (ws *bodyWaits) crown() {
+	if len(ws.list) > 0 && !ws.list[0].isHead {
+		ws.list[0].isHead = true
+		close(ws.list[0].first)
+	}
 }
 
-// stuckPoll is how often a waiting body looks whether the waiters are
-// stuck: a body becomes stuck by others' waits and releases, not its own.
+// stuck reports whether w is the first waiter and every byte the budget
+// counts is held by waiters, so that no room would come but from a
+// waiter. The count is read under ws.mu: read before, a waiter that went
+// past since (and left) would be missed, and a second body go past too.
+func (ws *bodyWaits) stuck(w *bodyWait, budget BodyBudget) bool {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	return len(ws.list) > 0 && ws.list[0] == w && budget.InUse() <= ws.held
+}
+
+// stuckPoll is how often the first waiting body looks whether the
+// waiters are stuck: they become so by others' waits and releases.
 const stuckPoll = 20 * time.Millisecond
 
 // hold makes the body's hold of the budget n bytes (its bytes so far and
@@ -100,12 +118,12 @@ func (b *bodyReader) hold(n int64) error {
 		wait = dl.Sub(t0)
 	}
 	end := t0.Add(wait)
-	w := &bodyWait{since: b.since, held: b.held}
+	w := &bodyWait{since: b.since, held: b.held, first: make(chan struct{})}
 	b.s.waits.enter(w)
 	defer b.s.waits.leave(w)
 	defer func() { b.waited += time.Since(t0) }()
 	for {
-		if b.s.waits.stuck(w, budget.InUse()) {
+		if b.s.waits.stuck(w, budget) {
 			budget.TakePast(more)
 			b.held = n
 			return nil
@@ -114,9 +132,24 @@ func (b *bodyReader) hold(n int64) error {
 		if left <= 0 {
 			break
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), min(left, stuckPoll))
-		err := budget.Acquire(ctx, more)
-		cancel()
+		var err error
+		select {
+		case <-w.first: // the first looks again in a while
+			ctx, cancel := context.WithTimeout(context.Background(), min(left, stuckPoll))
+			err = budget.Acquire(ctx, more)
+			cancel()
+		default: // the others wait until they have room or are first
+			ctx, cancel := context.WithTimeout(context.Background(), left)
+			go func() { // ends with the wait: cancel ends ctx
+				select {
+				case <-w.first:
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
+			err = budget.Acquire(ctx, more)
+			cancel()
+		}
 		if err == nil {
 			b.held = n
 			return nil
