@@ -42,7 +42,9 @@ const healthBodyMax = 1 << 20
 const healthLong = `Asks a plover server whether it is healthy (GET /healthz: its devices) or,
 with --ready, ready for work (GET /readyz: not while it starts or drains),
 for container health checks and scripts. It sends no token: both probes
-are open on an --auth-file server. Where PLOVER_TIMEOUT is set for plover
+are open on an --auth-file server, which then tells a probe each device's
+health but not why one is unhealthy, nor its memory (a token of the read
+scope reads them: GET /healthz with it). Where PLOVER_TIMEOUT is set for plover
 serve (its request deadline), it sets --timeout here too: give --timeout.
 
 Exit status:

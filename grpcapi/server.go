@@ -547,19 +547,23 @@ func (s *Server) modelInfer(ctx context.Context, req *pb.ModelInferRequest, io *
 	}
 	st, msg := s.door.End(&o)
 	if err != nil {
+		if hid, ok := pipeline.Hidden(err, s.stepsSeen(ctx, o.Req, err)); ok {
+			msg = hid // logged whole above, told less
+		}
 		return nil, grpcStatus(st, msg, err)
 	}
 	// What HTTP says in Server-Timing, X-Plover-Start and X-Plover-Version.
 	r := o.Req
-	grpc.SetHeader(ctx, metadata.Pairs("server-timing", string(reqmetrics.AppendServerTiming(make([]byte, 0, reqmetrics.ServerTimingCap), r, s.stepsSeen(ctx, r))),
+	grpc.SetHeader(ctx, metadata.Pairs("server-timing", string(reqmetrics.AppendServerTiming(make([]byte, 0, reqmetrics.ServerTimingCap), r, s.stepsSeen(ctx, r, nil))),
 		"x-plover-start", r.Start.String(), "x-plover-version", r.Version))
 	return resp, nil
 }
 
 // stepsSeen is which of a pipeline call's steps its caller may learn of
-// (reqmetrics.StepShown); nil for a function's call: nothing to ask.
-func (s *Server) stepsSeen(ctx context.Context, r *call.Request) func(string) bool {
-	if len(r.Steps) == 0 {
+// (reqmetrics.StepShown, pipeline.Hidden); nil for a function's call (no
+// steps, and err, if any, names none): nothing to ask.
+func (s *Server) stepsSeen(ctx context.Context, r *call.Request, err error) func(string) bool {
+	if len(r.Steps) == 0 && !pipeline.AtStep(err) {
 		return nil
 	}
 	return s.door.Gate().Sees(authorization(ctx))

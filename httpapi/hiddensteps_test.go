@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
@@ -25,6 +26,10 @@ func TestAPipelinesAnswerNamesOnlyStepsItsCallerSees(t *testing.T) {
 		testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest(n), nil))
 	}
 	testkit.Deploy(t, e, testkit.PipelineDir(t, "a-pipe", "a-vec", "b-secret"))
+	failing := testkit.Manifest("b-fails")
+	failing.Chain = []abi.Launch{{Kernel: "fail", Grid: 1, Block: 1}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, failing, nil))
+	testkit.Deploy(t, e, testkit.PipelineDir(t, "a-failing", "a-vec", "b-fails"))
 	toks := map[string]string{}
 	var lines []string
 	for _, l := range []struct {
@@ -44,6 +49,40 @@ func TestAPipelinesAnswerNamesOnlyStepsItsCallerSees(t *testing.T) {
 		t.Fatal(err)
 	}
 	url := testkit.ServeTokens(t, e, tab, httpapi.Options{})
+	// A hidden step's failure: its status, not its name nor its
+	// function's words.
+	for _, tc := range []struct {
+		token, path string
+		secret      bool
+	}{
+		{"tenant-a", "/v1/functions/a-failing/invoke", false},
+		{"tenant-a", "/v2/models/a-failing/infer", false},
+		{"ops", "/v1/functions/a-failing/invoke", true},
+	} {
+		body := "abcdefgh"
+		if strings.HasPrefix(tc.path, "/v2") {
+			body = `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[8],"data":[1,2,3,4,5,6,7,8]}]}`
+		}
+		req, _ := http.NewRequest("POST", url+tc.path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+toks[tc.token])
+		req.Header.Set("Content-Type", "application/octet-stream")
+		if strings.HasPrefix(tc.path, "/v2") {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 500 {
+			t.Errorf("%s %s: %d %s, want the step's 500", tc.token, tc.path, resp.StatusCode, out)
+		}
+		named := strings.Contains(string(out), "b-fails") || strings.Contains(string(out), "asked to fail")
+		if named != tc.secret || !strings.Contains(string(out), "step 1") {
+			t.Errorf("%s %s: %s: names the step or its error %v, want %v, and says step 1", tc.token, tc.path, out, named, tc.secret)
+		}
+	}
 	for _, tc := range []struct {
 		token, contentType, body string
 		secret                   bool

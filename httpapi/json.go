@@ -221,7 +221,7 @@ func (s *Server) invokeJSON(ctx *fasthttp.RequestCtx, name call.Name, c *exchang
 	out = append(out, '}')
 	// A pipeline: each function step, in the order they ran; one its
 	// caller may not learn of by its place and time alone.
-	sees := s.stepsSeen(ctx, c)
+	sees := s.stepsSeen(ctx, c, nil)
 	for i := range c.req.Steps {
 		st := &c.req.Steps[i]
 		if i == 0 {

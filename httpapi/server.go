@@ -29,6 +29,7 @@ import (
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/gate"
+	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/reqmetrics"
 )
 
@@ -655,6 +656,9 @@ func (s *Server) finish(ctx *fasthttp.RequestCtx, name call.Name, c *exchange, e
 		o.Authorization = ctx.Request.Header.PeekBytes(hdrAuthorization)
 	}
 	if st, msg := s.door.End(&o); err != nil {
+		if hid, ok := pipeline.Hidden(err, s.stepsSeen(ctx, c, err)); ok {
+			msg = hid // logged whole above, told less
+		}
 		writeFailure(ctx, st, msg, err)
 	}
 }
@@ -683,21 +687,12 @@ var (
 // writeMeta sets Server-Timing (milliseconds, as the header's dur expects)
 // and the start kind and version headers.
 func (s *Server) writeMeta(ctx *fasthttp.RequestCtx, c *exchange) {
-	b := reqmetrics.AppendServerTiming(c.timing[:0], &c.req, s.stepsSeen(ctx, c))
+	b := reqmetrics.AppendServerTiming(c.timing[:0], &c.req, s.stepsSeen(ctx, c, nil))
 	c.timing = b
 	h := &ctx.Response.Header
 	h.SetCanonical(hdrServerTimng, b)
 	h.SetCanonical(hdrStart, startNames[c.req.Start])
 	h.SetCanonical(hdrVersion, s2b(c.req.Version))
-}
-
-// stepsSeen is which of a pipeline request's steps its caller may learn
-// of (reqmetrics.StepShown); nil for a function's request.
-func (s *Server) stepsSeen(ctx *fasthttp.RequestCtx, c *exchange) func(string) bool {
-	if len(c.req.Steps) == 0 {
-		return nil
-	}
-	return s.gate.Sees(ctx.Request.Header.PeekBytes(hdrAuthorization))
 }
 
 // begin begins an invoke's request at the door, from when fasthttp began it

@@ -574,10 +574,10 @@ func (x *run) before(st *stage) error {
 		return errSibling
 	}
 	if x.gone != nil && x.ran.Load() && x.gone() {
-		return &errdefs.Error{Kind: errdefs.KindGone, Msg: fmt.Sprintf("pipeline %s: the client went away before step %d (%s)", x.pl.name, st.index, st.label)}
+		return atStep(x.pl.name, st.index, st.label, &errdefs.Error{Kind: errdefs.KindGone, Msg: fmt.Sprintf("pipeline %s: the client went away before step %d (%s)", x.pl.name, st.index, st.label)})
 	}
 	if now := time.Now(); !x.deadline.IsZero() && !now.Before(x.deadline) {
-		return &errdefs.Error{Kind: errdefs.KindTimeout, Msg: fmt.Sprintf("pipeline %s: the request's deadline passed before step %d (%s), %v after it started", x.pl.name, st.index, st.label, now.Sub(x.t0).Round(time.Microsecond))}
+		return atStep(x.pl.name, st.index, st.label, &errdefs.Error{Kind: errdefs.KindTimeout, Msg: fmt.Sprintf("pipeline %s: the request's deadline passed before step %d (%s), %v after it started", x.pl.name, st.index, st.label, now.Sub(x.t0).Round(time.Microsecond))})
 	}
 	return nil
 }
@@ -708,8 +708,8 @@ func (x *run) appendCut(dst, out []byte, st *stage, j int) ([]byte, error) {
 	if st.cut != nil && st.cut[j] >= 0 {
 		if n < st.cut[j] {
 			x.failed.Store(true)
-			err := &apierr.Error{Status: apierr.BadOutput, Msg: fmt.Sprintf("pipeline %s: step %d (%s): branch %d wrote %d bytes, its declared outputs take %d",
-				x.pl.name, st.index, st.label, j, len(out), st.cut[j])}
+			err := atStep(x.pl.name, st.index, st.label, &apierr.Error{Status: apierr.BadOutput, Msg: fmt.Sprintf("pipeline %s: step %d (%s): branch %d wrote %d bytes, its declared outputs take %d",
+				x.pl.name, st.index, st.label, j, len(out), st.cut[j])})
 			// The step's failure, though each branch ran: counted so,
 			// or the request failed with no step's error counted.
 			x.r.met.observe(x.pl.name, st.index, st.label, 0, err)
@@ -741,20 +741,6 @@ func errMsg(err error) string {
 		return ee.Msg
 	}
 	return err.Error()
-}
-
-// stepError names the step a failure came from, keeping its kind (so its
-// status): "pipeline digits: step 1 (cnn): ...".
-func stepError(pipeline string, index int, label string, err error) error {
-	var ae *apierr.Error
-	if errors.As(err, &ae) {
-		return &apierr.Error{Status: ae.Status, Msg: fmt.Sprintf("pipeline %s: step %d (%s): %s", pipeline, index, label, ae.Msg)}
-	}
-	var ee *errdefs.Error
-	if errors.As(err, &ee) {
-		return &errdefs.Error{Kind: ee.Kind, Msg: fmt.Sprintf("pipeline %s: step %d (%s): %s", pipeline, index, label, ee.Msg), Err: err}
-	}
-	return &errdefs.Error{Kind: errdefs.KindInternal, Msg: fmt.Sprintf("pipeline %s: step %d (%s) failed", pipeline, index, label), Err: err}
 }
 
 // fitting is *b emptied to be written again, or nil, *b dropped, where it
