@@ -34,11 +34,6 @@ func NewFS(dir string) (*FS, error) {
 	if err := os.MkdirAll(abs, 0o755); err != nil {
 		return nil, fmt.Errorf("filesystem store: %w", err)
 	}
-	// A root behind a link (a store moved to a larger disk) is walked as
-	// the directory it is: CleanTemp's walk would take the link for a file.
-	if real, err := filepath.EvalSymlinks(abs); err == nil {
-		abs = real
-	}
 	return &FS{root: abs}, nil
 }
 
@@ -231,7 +226,12 @@ func (s *FS) Touch(ctx context.Context, key string) error {
 // stay: removing one while it is held would let two writers in.
 func (s *FS) CleanTemp(age time.Duration) ([]string, error) {
 	var removed []string
-	err := filepath.WalkDir(s.root, func(p string, d fs.DirEntry, err error) error {
+	// The root with a trailing slash: a root behind a link (a store moved
+	// to a larger disk) is walked as the directory it leads to, where the
+	// walk's lstat took the link for a file and removed nothing. Not
+	// resolved once and for all: a link such as /proc/PID/root names
+	// another process's mounts, which resolving would leave.
+	err := filepath.WalkDir(s.root+string(filepath.Separator), func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
