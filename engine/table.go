@@ -410,8 +410,7 @@ func (t *table) switchLocked(name string, rv api.Version, rec *api.Record, at ui
 	if f != nil && f.cur != nil && f.cur.rec.ID == rv.ID {
 		// Nothing to switch, but a read of the store made before this
 		// one's must not apply after it (land): the epoch moves on. Its
-		// labels may have moved (a folder deployed again beside it), and
-		// an unchanged deploy may have filled its copies in.
+		// labels or copies may have changed (a deploy beside it, again).
 		f.learn(rec)
 		f.cur.fill(&rv)
 		t.epoch++

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"strings"
 	"testing"
 
 	"github.com/plover-run/plover/auth"
@@ -19,23 +18,7 @@ import (
 // Before, anyone who reached the port read them (a review's probe).
 func TestAnOpenProbeReadsNoDeviceMemory(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
-	toks := map[string]string{}
-	var lines []string
-	for _, l := range []struct {
-		name   string
-		scopes auth.Scope
-	}{{"dash", auth.Read}, {"app", auth.Invoke}} {
-		tok, err := auth.NewToken()
-		if err != nil {
-			t.Fatal(err)
-		}
-		toks[l.name] = tok
-		lines = append(lines, auth.Line(l.name, l.scopes, auth.Hash(tok), nil, auth.Limits{}))
-	}
-	tab, err := auth.Parse(strings.NewReader(strings.Join(lines, "\n")+"\n"), "tokens")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tab, toks := newTokens(t, tokenSpec{"dash", auth.Read, nil}, tokenSpec{"app", auth.Invoke, nil})
 	url := testkit.ServeTokens(t, e, tab, httpapi.Options{})
 	for _, tc := range []struct {
 		token  string

@@ -30,24 +30,7 @@ func TestAPipelinesAnswerNamesOnlyStepsItsCallerSees(t *testing.T) {
 	failing.Chain = []abi.Launch{{Kernel: "fail", Grid: 1, Block: 1}}
 	testkit.Deploy(t, e, testkit.BundleDir(t, failing, nil))
 	testkit.Deploy(t, e, testkit.PipelineDir(t, "a-failing", "a-vec", "b-fails"))
-	toks := map[string]string{}
-	var lines []string
-	for _, l := range []struct {
-		name   string
-		scopes auth.Scope
-		globs  []string
-	}{{"ops", auth.Admin, nil}, {"tenant-a", auth.Invoke, []string{"a-*"}}} {
-		tok, err := auth.NewToken()
-		if err != nil {
-			t.Fatal(err)
-		}
-		toks[l.name] = tok
-		lines = append(lines, auth.Line(l.name, l.scopes, auth.Hash(tok), l.globs, auth.Limits{}))
-	}
-	tab, err := auth.Parse(strings.NewReader(strings.Join(lines, "\n")+"\n"), "tokens")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tab, toks := newTokens(t, tokenSpec{"ops", auth.Admin, nil}, tokenSpec{"tenant-a", auth.Invoke, []string{"a-*"}})
 	url := testkit.ServeTokens(t, e, tab, httpapi.Options{})
 	// A hidden step's failure: its status, not its name nor its
 	// function's words.

@@ -28,27 +28,7 @@ func TestDidYouMeanServed(t *testing.T) {
 	for _, n := range []string{"saxpy", "a-vec", "b-cnn"} {
 		testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest(n), nil))
 	}
-	var lines []string
-	toks := map[string]string{}
-	for _, l := range []struct {
-		name   string
-		scopes auth.Scope
-		globs  []string
-	}{
-		{"ops", auth.Admin, nil},
-		{"tenant-a", auth.Invoke | auth.Deploy, []string{"a-*"}},
-	} {
-		tok, err := auth.NewToken()
-		if err != nil {
-			t.Fatal(err)
-		}
-		toks[l.name] = tok
-		lines = append(lines, auth.Line(l.name, l.scopes, auth.Hash(tok), l.globs, auth.Limits{}))
-	}
-	tab, err := auth.Parse(strings.NewReader(strings.Join(lines, "\n")+"\n"), "tokens")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tab, toks := newTokens(t, tokenSpec{"ops", auth.Admin, nil}, tokenSpec{"tenant-a", auth.Invoke | auth.Deploy, []string{"a-*"}})
 	url := testkit.ServeTokens(t, e, tab, httpapi.Options{})
 	pipelineBundle := func(name, step string) []byte {
 		dir := t.TempDir()

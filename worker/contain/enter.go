@@ -187,34 +187,8 @@ func Enter(p Policy) error {
 		return fmt.Errorf("contain: enter: %w", err)
 	}
 
-	// A worker may not take its own nice level below the one the server
-	// gives it (its CPU weight): an RLIMIT_NICE above 0 would let it. The
-	// server renices it by CAP_SYS_NICE, not by this limit. Nor may it
-	// put its threads in a real-time class (SCHED_FIFO, SCHED_RR), above
-	// every CFS thread and whatever weight it has, the server's included:
-	// an RLIMIT_RTPRIO above 0, inherited from the server (a systemd
-	// unit's LimitRTPRIO, limits.conf's rtprio), would let it.
-	for _, r := range []struct {
-		res  int
-		name string
-	}{{unix.RLIMIT_NICE, "RLIMIT_NICE"}, {unix.RLIMIT_RTPRIO, "RLIMIT_RTPRIO"}} {
-		if err := unix.Setrlimit(r.res, &unix.Rlimit{}); err != nil {
-			return fmt.Errorf("contain: enter: setrlimit(%s, 0): %w", r.name, err)
-		}
-	}
-	// Nor hold more than MaxFiles descriptors a process: the hard limit
-	// it inherits (20,000 here; 524,288 or more under systemd), times its
-	// processes, filled the node's file table from one worker (a review's
-	// probe: 2.46 million files, and another function's cold start failed
-	// with ENFILE).
-	var files unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &files); err != nil {
-		return fmt.Errorf("contain: enter: getrlimit(RLIMIT_NOFILE): %w", err)
-	}
-	files.Max = min(files.Max, MaxFiles)
-	files.Cur = min(files.Cur, files.Max)
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &files); err != nil {
-		return fmt.Errorf("contain: enter: setrlimit(RLIMIT_NOFILE, %d): %w", files.Max, err)
+	if err := lowerLimits(); err != nil {
+		return fmt.Errorf("contain: enter: %w", err)
 	}
 
 	if err := allThreadsPrctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0); err != nil {
@@ -526,6 +500,41 @@ func verifyThreads(drop *Identity, switched, droppedBounding bool) error {
 		if len(bad) > 0 {
 			return fmt.Errorf("verify: thread %d: %s", st.TID, strings.Join(bad, "; "))
 		}
+	}
+	return nil
+}
+
+// lowerLimits lowers the worker's resource limits below what it inherits
+// from the server, before tenant code runs (Enter).
+func lowerLimits() error {
+	// A worker may not take its own nice level below the one the server
+	// gives it (its CPU weight): an RLIMIT_NICE above 0 would let it. The
+	// server renices it by CAP_SYS_NICE, not by this limit. Nor may it
+	// put its threads in a real-time class (SCHED_FIFO, SCHED_RR), above
+	// every CFS thread and whatever weight it has, the server's included:
+	// an RLIMIT_RTPRIO above 0, inherited from the server (a systemd
+	// unit's LimitRTPRIO, limits.conf's rtprio), would let it.
+	for _, r := range []struct {
+		res  int
+		name string
+	}{{unix.RLIMIT_NICE, "RLIMIT_NICE"}, {unix.RLIMIT_RTPRIO, "RLIMIT_RTPRIO"}} {
+		if err := unix.Setrlimit(r.res, &unix.Rlimit{}); err != nil {
+			return fmt.Errorf("setrlimit(%s, 0): %w", r.name, err)
+		}
+	}
+	// Nor hold more than MaxFiles descriptors a process: with the hard
+	// limit it inherits (20,000 here; 524,288 or more under systemd) one
+	// worker's processes filled the node's file table (a review's probe:
+	// 2.46 million files; another function's cold start failed). Files
+	// mapped and closed pass it: a memory group bounds those (MaxFiles).
+	var files unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &files); err != nil {
+		return fmt.Errorf("getrlimit(RLIMIT_NOFILE): %w", err)
+	}
+	files.Max = min(files.Max, MaxFiles)
+	files.Cur = min(files.Cur, files.Max)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &files); err != nil {
+		return fmt.Errorf("setrlimit(RLIMIT_NOFILE, %d): %w", files.Max, err)
 	}
 	return nil
 }
