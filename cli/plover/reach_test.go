@@ -6,7 +6,8 @@ package main_test
 // calls. Without a PID namespace (a server without CAP_SYS_ADMIN: the usual
 // container) every worker sees every other, and workers share
 // --worker-user: one function could set another's RLIMIT_CPU to 1 s, and
-// the kernel then kills that worker by SIGXCPU.
+// the kernel then kills that worker by SIGXCPU. Nor may it leave objects
+// another finds by key (System V IPC, POSIX queues, keyrings).
 
 import (
 	"net/http"
@@ -40,6 +41,7 @@ func TestWorkerCannotReachOtherProcesses(t *testing.T) {
 			h.srv = startIsoServer(t, bin, t.TempDir(), nil, args...)
 			h.mustDeploy(t, hostileManifest("victim", launch("whoami", 1, 1)), h.hostile)
 			h.mustDeploy(t, hostileManifest("poker", launch("poke", 1, 1)), h.hostile)
+			h.mustDeploy(t, hostileManifest("ipc", launch("ipc", 1, 1)), h.hostile)
 			victim := strconv.Itoa(h.pidOf(t, "victim"))
 			limits := func(pid string) string {
 				b, err := os.ReadFile("/proc/" + pid + "/limits")
@@ -85,6 +87,23 @@ func TestWorkerCannotReachOtherProcesses(t *testing.T) {
 			// is refused: each worker has a session of its own.
 			if r := h.invoke(t, "poker", []byte("pgrp "+victim), crashTimeout); r.code != 200 || !strings.HasPrefix(cstr(r.body), "ERR") {
 				t.Errorf("pgrp on another function's worker (pid %s): %d %q, want the kernel to refuse", victim, r.code, cstr(r.body))
+			}
+			// Objects the kernel keeps for the node, not the process (System
+			// V IPC, POSIX queues, the uid's keyrings), would outlive a
+			// worker and let another tenant's find them by key: every call
+			// that makes or finds one is ENOSYS, as on a kernel without them.
+			if r := h.invoke(t, "ipc", nil, crashTimeout); r.code != 200 {
+				t.Errorf("ipc: %d %q", r.code, r.body)
+			} else {
+				got := strings.Fields(cstr(r.body))
+				if len(got) != 9 {
+					t.Errorf("ipc: %q, want 9 calls' answers", cstr(r.body))
+				}
+				for _, call := range got {
+					if name, errno, _ := strings.Cut(call, "="); errno != "ENOSYS" {
+						t.Errorf("ipc: %s answered %s, want ENOSYS", name, errno)
+					}
+				}
 			}
 			if after := limits(victim); after != before {
 				t.Errorf("the other function's worker's limits changed:\n%s\nwere:\n%s", after, before)

@@ -20,6 +20,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sched.h>
+#include <sys/ipc.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -881,4 +882,45 @@ PLOVER_ENTRY(hog_memory) {
   nanosleep(&ts, NULL);
   free(p);
   put(s, "held");
+}
+
+// ipc: asks for each kind of object the kernel keeps for the node rather
+// than the process, which one tenant's worker could leave for another's to
+// find (System V shared memory, queues and semaphores, a POSIX message
+// queue, the uid's keyrings), and for the calls a filter cannot read
+// (clone3, io_uring). Writes "NAME=OK" or "NAME=<errno name>" for each,
+// space-separated; anything it made is removed at once.
+PLOVER_ENTRY(ipc) {
+  (void)grid; (void)block;
+  const key_t key = 0x706c76;  // a fixed key: what a second tenant would guess
+  char msg[512] = {0};
+  size_t at = 0;
+  auto note = [&](const char *name, long rc) {
+    const char *e = rc >= 0 ? "OK" : strerrorname_np(errno);
+    at += (size_t)snprintf(msg + at, sizeof msg - at, "%s%s=%s", at ? " " : "", name, e ? e : "?");
+  };
+  long rc = syscall(SYS_shmget, key, 4096, IPC_CREAT | 0666);
+  note("shmget", rc);
+  if (rc >= 0) syscall(SYS_shmctl, rc, IPC_RMID, NULL);
+  rc = syscall(SYS_msgget, key, IPC_CREAT | 0666);
+  note("msgget", rc);
+  if (rc >= 0) syscall(SYS_msgctl, rc, IPC_RMID, NULL);
+  rc = syscall(SYS_semget, key, 1, IPC_CREAT | 0666);
+  note("semget", rc);
+  if (rc >= 0) syscall(SYS_semctl, rc, 0, IPC_RMID, 0);
+  rc = syscall(SYS_mq_open, "plover-ipc", O_RDWR | O_CREAT, 0666, NULL);
+  note("mq_open", rc);
+  if (rc >= 0) { close((int)rc); syscall(SYS_mq_unlink, "plover-ipc"); }
+  rc = syscall(SYS_add_key, "user", "plover-ipc", "note", 4, -4 /* KEY_SPEC_USER_KEYRING */);
+  note("add_key", rc);
+  if (rc >= 0) syscall(SYS_keyctl, 21 /* KEYCTL_INVALIDATE */, rc);
+  rc = syscall(SYS_keyctl, 0 /* KEYCTL_GET_KEYRING_ID */, -4, 0);
+  note("keyctl", rc);
+  rc = syscall(SYS_request_key, "user", "plover-ipc", NULL, 0);
+  note("request_key", rc);
+  rc = syscall(SYS_io_uring_setup, 1, NULL);  // EFAULT where it is let through
+  note("io_uring_setup", rc);
+  rc = syscall(SYS_clone3, NULL, 0);  // EINVAL where it is let through
+  note("clone3", rc);
+  put(s, msg);
 }
