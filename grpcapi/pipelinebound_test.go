@@ -80,3 +80,28 @@ func TestAnOlderPipelineVersionNeedsItsStepsOverGRPC(t *testing.T) {
 		}
 	}
 }
+
+// An input past a pipeline's first step's bound, from a token that may not
+// use that step's function, is refused with the bound and the step's
+// place, not its name (pipeline.StepRef.Refusal); a token that may use it
+// reads its name.
+func TestPipelineInputBoundHidesAStepItsCallerMayNotUse(t *testing.T) {
+	f := serve(t, table{
+		"a":   {Name: "a", Scopes: auth.Invoke, Functions: []string{"a-*"}},
+		"all": {Name: "all", Scopes: auth.Invoke, Functions: []string{"*"}},
+	})
+	testkit.Deploy(t, f.e, testkit.PipelineDir(t, "a-pipe", "echo", "echo"))
+	req := oneByte("a-pipe") // echo takes 64 KiB
+	req.Inputs[0].Shape[0], req.RawInputContents[0] = 1<<16+1, make([]byte, 1<<16+1)
+	for _, tc := range []struct {
+		token string
+		named bool
+	}{{"a", false}, {"all", true}} {
+		_, err := f.client.ModelInfer(withToken(ctxT(t), tc.token), req)
+		st, _ := status.FromError(err)
+		if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "model a-pipe takes at most 65536 (its step 0") ||
+			strings.Contains(st.Message(), "(echo)") != tc.named {
+			t.Errorf("token %s: %v; want InvalidArgument with the bound of step 0, naming echo %v", tc.token, err, tc.named)
+		}
+	}
+}

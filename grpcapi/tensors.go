@@ -10,6 +10,7 @@ import (
 	"github.com/plover-run/plover/call"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/oip"
+	"github.com/plover-run/plover/pipeline"
 )
 
 // layInputs puts the request's inputs in the model's declared order into
@@ -24,7 +25,7 @@ import (
 // past it are refused before any is laid out, as typed contents widen (an
 // INT64 zero is one byte in the message and eight laid out); step, for a
 // pipeline, is the step whose max_input_bytes it is (pipeline.Pin.InputBound).
-func layInputs(req *pb.ModelInferRequest, raw rawInputs, decl []abi.Tensor, maxInput int64, step string, into []byte, r *call.Request) (typed, inSlot bool, err error) {
+func layInputs(req *pb.ModelInferRequest, raw rawInputs, decl []abi.Tensor, maxInput int64, step pipeline.StepRef, into []byte, r *call.Request) (typed, inSlot bool, err error) {
 	got := req.GetInputs()
 	if n := raw.count(); n > 0 && n != len(got) {
 		return false, false, badRequest("raw_input_contents has %d entries for %d inputs: send one per input, in the order of inputs", n, len(got))

@@ -18,6 +18,7 @@ import (
 	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/oip"
+	"github.com/plover-run/plover/pipeline"
 	"github.com/valyala/fasthttp"
 )
 
@@ -52,7 +53,7 @@ type bodyLimit struct {
 	enc encoding
 	// step is, for a pipeline, the step whose max_input_bytes in is
 	// (pipeline.Pin.InputBound): a pipeline sets none of its own.
-	step string
+	step pipeline.StepRef
 }
 
 func (s *Server) serverLimit() bodyLimit {
@@ -60,14 +61,16 @@ func (s *Server) serverLimit() bodyLimit {
 }
 
 func (l bodyLimit) over(size string) error {
-	why := l.why
-	switch {
-	case why == "" && l.step != "":
-		why = "for pipeline " + l.fn.Borrow() + " (its " + l.step + "'s max_input_bytes, " + strconv.FormatInt(l.in, 10) + encodingNames[l.enc] + ")"
-	case why == "":
-		why = "for function " + l.fn.Borrow() + " (its max_input_bytes, " + strconv.FormatInt(l.in, 10) + encodingNames[l.enc] + ")"
+	if l.why != "" {
+		return tooLarge("request body " + size + " is over the limit of " + strconv.Itoa(l.n) + " bytes " + l.why)
 	}
-	return tooLarge("request body " + size + " is over the limit of " + strconv.Itoa(l.n) + " bytes " + why)
+	return l.step.Refusal(l.fn.Keep(), func(step string) error {
+		why := "for function " + l.fn.Borrow() + " (its max_input_bytes, "
+		if step != "" {
+			why = "for pipeline " + l.fn.Borrow() + " (its " + step + "'s max_input_bytes, "
+		}
+		return tooLarge("request body " + size + " is over the limit of " + strconv.Itoa(l.n) + " bytes " + why + strconv.FormatInt(l.in, 10) + encodingNames[l.enc] + ")")
+	})
 }
 
 // encoding is how a request carries a function's input.

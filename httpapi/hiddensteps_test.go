@@ -30,8 +30,32 @@ func TestAPipelinesAnswerNamesOnlyStepsItsCallerSees(t *testing.T) {
 	failing.Chain = []abi.Launch{{Kernel: "fail", Grid: 1, Block: 1}}
 	testkit.Deploy(t, e, testkit.BundleDir(t, failing, nil))
 	testkit.Deploy(t, e, testkit.PipelineDir(t, "a-failing", "a-vec", "b-fails"))
+	small := testkit.Manifest("b-small")
+	small.MaxInputBytes = 4
+	testkit.Deploy(t, e, testkit.BundleDir(t, small, nil))
+	testkit.Deploy(t, e, testkit.PipelineDir(t, "a-front", "b-small", "a-vec"))
 	tab, toks := newTokens(t, tokenSpec{"ops", auth.Admin, nil}, tokenSpec{"tenant-a", auth.Invoke, []string{"a-*"}})
 	url := testkit.ServeTokens(t, e, tab, httpapi.Options{})
+	// An input over a hidden first step's max_input_bytes: the 413 and
+	// its bound, not the step's name.
+	for _, tc := range []struct {
+		token, path, contentType, body string
+		secret                         bool
+	}{
+		{"tenant-a", "/v1/functions/a-front/invoke", "application/octet-stream", "abcdefgh", false},
+		{"tenant-a", "/v2/models/a-front/infer", "application/json", `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[8],"data":[1,2,3,4,5,6,7,8]}]}`, false},
+		{"ops", "/v1/functions/a-front/invoke", "application/octet-stream", "abcdefgh", true},
+		{"ops", "/v2/models/a-front/infer", "application/json", `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[8],"data":[1,2,3,4,5,6,7,8]}]}`, true},
+	} {
+		code, out := postAs(t, url+tc.path, toks[tc.token], tc.contentType, tc.body)
+		if code != 413 {
+			t.Errorf("%s %s: %d %s, want 413", tc.token, tc.path, code, out)
+		}
+		named := strings.Contains(string(out), "b-small")
+		if named != tc.secret || !strings.Contains(string(out), "step 0") || !strings.Contains(string(out), "max_input_bytes") {
+			t.Errorf("%s %s: %s: names the step %v, want %v, and says step 0's max_input_bytes", tc.token, tc.path, out, named, tc.secret)
+		}
+	}
 	// A hidden step's failure: its status, not its name nor its
 	// function's words.
 	for _, tc := range []struct {
@@ -46,20 +70,13 @@ func TestAPipelinesAnswerNamesOnlyStepsItsCallerSees(t *testing.T) {
 		if strings.HasPrefix(tc.path, "/v2") {
 			body = `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[8],"data":[1,2,3,4,5,6,7,8]}]}`
 		}
-		req, _ := http.NewRequest("POST", url+tc.path, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+toks[tc.token])
-		req.Header.Set("Content-Type", "application/octet-stream")
+		contentType := "application/octet-stream"
 		if strings.HasPrefix(tc.path, "/v2") {
-			req.Header.Set("Content-Type", "application/json")
+			contentType = "application/json"
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 500 {
-			t.Errorf("%s %s: %d %s, want the step's 500", tc.token, tc.path, resp.StatusCode, out)
+		code, out := postAs(t, url+tc.path, toks[tc.token], contentType, body)
+		if code != 500 {
+			t.Errorf("%s %s: %d %s, want the step's 500", tc.token, tc.path, code, out)
 		}
 		named := strings.Contains(string(out), "b-fails") || strings.Contains(string(out), "asked to fail")
 		if named != tc.secret || !strings.Contains(string(out), "step 1") {
@@ -115,4 +132,20 @@ func TestAPipelinesAnswerNamesOnlyStepsItsCallerSees(t *testing.T) {
 			}
 		})
 	}
+}
+
+// postAs posts body of contentType to url with token and returns the
+// answer's status and body.
+func postAs(t *testing.T, url, token, contentType, body string) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", contentType)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, out
 }

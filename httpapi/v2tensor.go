@@ -10,6 +10,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/oip"
+	"github.com/plover-run/plover/pipeline"
 )
 
 // Tensors to and from the function's bytes: inputs laid out in declared
@@ -22,7 +23,7 @@ import (
 type inputBound struct {
 	model string
 	max   int64
-	step  string // a pipeline's: the step whose bound it is
+	step  pipeline.StepRef // a pipeline's: the step whose bound it is
 }
 
 // layInputs puts the request's tensors in declared order (the function's

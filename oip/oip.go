@@ -129,13 +129,15 @@ func MatchShape(got, decl []int64) error {
 // with it before laying any input out, since elements sent as JSON
 // numbers or typed contents widen when laid out (an INT64 zero: 2 bytes
 // sent, 8 laid out), so one wording serves HTTP and gRPC.
-func InputOver(model, input string, shape []int64, datatype string, total, maxInput int64, step string) error {
-	whose := "max_input_bytes"
-	if step != "" {
-		whose = "its " + step + "'s max_input_bytes"
-	}
-	return &apierr.Error{Status: apierr.TooLarge, Msg: fmt.Sprintf(
-		"input %q (shape %v of %s) brings the inputs to %d bytes; model %s takes at most %d (%s)", input, shape, datatype, total, model, maxInput, whose)}
+func InputOver(model, input string, shape []int64, datatype string, total, maxInput int64, step pipeline.StepRef) error {
+	return step.Refusal(model, func(step string) error {
+		whose := "max_input_bytes"
+		if step != "" {
+			whose = "its " + step + "'s max_input_bytes"
+		}
+		return &apierr.Error{Status: apierr.TooLarge, Msg: fmt.Sprintf(
+			"input %q (shape %v of %s) brings the inputs to %d bytes; model %s takes at most %d (%s)", input, shape, datatype, total, model, maxInput, whose)}
+	})
 }
 
 // AddSize is total + size, saturating at math.MaxInt64: each size fits an

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/errdefs"
 )
 
 // Admit is asked before a request's body is read: the most input bytes
@@ -37,23 +38,38 @@ func (r *Runner) Admit(ctx context.Context, name string, deadline time.Time) (Ad
 // is (Pin.InputBound), and the version that would run it.
 type Admission struct {
 	MaxInput int64
-	Step     string // "step 0 (cnn)"; "" for a function
+	Step     StepRef // none for a function
 	Version  api.Version
 }
 
 // InputBound is the most input bytes the pinned version takes (0:
 // unknown) and, for a pipeline, which has no max_input_bytes of its own,
-// the step whose bound it is ("step 0 (cnn)", a refusal's message names
-// it); "" for a function.
-func (p Pin) InputBound() (int64, string) {
+// the step whose bound it is (a refusal's message names it); none for a
+// function.
+func (p Pin) InputBound() (int64, StepRef) {
 	if p.plan == nil {
-		return p.top.MaxInput(), ""
+		return p.top.MaxInput(), StepRef{}
 	}
 	n, by := firstMaxInput(&p.plan.stages[0])
 	if by == nil {
-		return 0, ""
+		return 0, StepRef{}
 	}
-	return n, fmt.Sprintf("step %d (%s)", by.index, by.label)
+	return n, StepRef{Index: by.index, Label: by.label}
+}
+
+// inputFits is nil, or the 413 for an input of n bytes over what a
+// pipeline's first step takes, refused before any step runs (and counted
+// as the pipeline's request alone, as a body refused before it is read
+// is): a caller who may not use that step's function reads the bound,
+// not its name (StepRef.Refusal).
+func (p Pin) inputFits(n int) error {
+	limit, by := p.InputBound()
+	if limit <= 0 || int64(n) <= limit {
+		return nil
+	}
+	return by.Refusal(p.plan.name, func(step string) error {
+		return &errdefs.Error{Kind: errdefs.KindTooLarge, Msg: fmt.Sprintf("pipeline %s: input is %d bytes; its %s accepts at most %d (max_input_bytes)", p.plan.name, n, step, limit)}
+	})
 }
 
 // firstMaxInput is the most input bytes a first stage takes, and the

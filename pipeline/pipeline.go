@@ -454,10 +454,15 @@ func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error 
 	req.Start, req.BatchSize, req.Version = call.Hot, 0, p.top.Version().ID
 	// A request refused room is counted as one that ran and failed.
 	out := req.Output[:0]
-	release, waited, err := x.hold(ctx)
+	var waited time.Duration
+	err := p.inputFits(len(req.Input))
 	if err == nil {
-		defer release()
-		out, err = x.seq(ctx, p.plan.stages, req.Input, out, &req.Steps, true)
+		var release func()
+		release, waited, err = x.hold(ctx)
+		if err == nil {
+			defer release()
+			out, err = x.seq(ctx, p.plan.stages, req.Input, out, &req.Steps, true)
+		}
 	}
 	req.Output = out
 	req.Copied = x.copied.Load()

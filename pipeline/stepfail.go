@@ -35,6 +35,7 @@ type StepFailure struct {
 	Index    int
 	Label    string
 	Err      error
+	Told     string // what Hidden tells; "" for its own words
 }
 
 func (f *StepFailure) Error() string { return f.Err.Error() }
@@ -64,5 +65,29 @@ func Hidden(err error, sees func(string) bool) (msg string, ok bool) {
 	if sees == nil || !errors.As(err, &f) || reqmetrics.StepShown(&call.StepTiming{Step: f.Label}, sees) {
 		return "", false
 	}
+	if f.Told != "" {
+		return f.Told, true
+	}
 	return fmt.Sprintf("pipeline %s: step %d failed (its function is one this token may not use: its owner can read why in its logs and metrics)", f.Pipeline, f.Index), true
+}
+
+// StepRef is a pipeline's step whose bound a refusal names (Pin.InputBound);
+// its zero value, none: a function's own.
+type StepRef struct {
+	Index int
+	Label string // its function, or nested pipeline and function
+}
+
+// Refusal is the refusal msg makes, given how to name the step: "step 0
+// (cnn)", "" for none. For a step, it is a StepFailure of pipeline's,
+// which tells a caller who may not use the step's function (Hidden) msg's
+// words for "step 0" alone: a refusal before the pipeline runs (its input
+// over its first step's max_input_bytes) is the caller's to mend, so it
+// keeps every word but the name.
+func (r StepRef) Refusal(pipeline string, msg func(step string) error) error {
+	if r.Label == "" {
+		return msg("")
+	}
+	return &StepFailure{Pipeline: pipeline, Index: r.Index, Label: r.Label,
+		Err: msg(fmt.Sprintf("step %d (%s)", r.Index, r.Label)), Told: msg(fmt.Sprintf("step %d", r.Index)).Error()}
 }
