@@ -276,6 +276,9 @@ func (c *command) cobra(env *Env) *cobra.Command {
 						if !serverGiven {
 							from = "$PLOVER_SERVER"
 						}
+						if errors.Is(err, errUserInfo) {
+							return usagef(env, c.name, "%s: %v", from, err) // not echoed: it may hold a password
+						}
 						return usagef(env, c.name, "%s %q: %v", from, f.Value.String(), err)
 					}
 				}

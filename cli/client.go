@@ -66,6 +66,8 @@ func checkServerURL(s string) error {
 		return fmt.Errorf("no host but %q: a ':' missing after the scheme?", u.Hostname())
 	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
 		return errors.New("a query or fragment: give the server's base URL (http://HOST:PORT)")
+	case u.User != nil:
+		return errUserInfo
 	}
 	if p := u.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
@@ -74,6 +76,11 @@ func checkServerURL(s string) error {
 	}
 	return nil
 }
+
+// errUserInfo refuses a server URL with a user or password: the server
+// takes a token, so they would be sent to no one, and printed in every
+// error that names the server.
+var errUserInfo = errors.New("a user or password in it: the server takes a token (--token or $PLOVER_TOKEN), not credentials in the URL")
 
 // client talks to a plover server's HTTP API.
 type client struct {
@@ -91,7 +98,8 @@ type client struct {
 var requestTimeout = 10 * time.Minute
 
 func newClient(server, token, cacert string) *client {
-	c := &client{base: serverURL(server), token: token, http: &http.Client{Timeout: requestTimeout}}
+	// A token read from a file ends with a newline.
+	c := &client{base: serverURL(server), token: strings.TrimSpace(token), http: &http.Client{Timeout: requestTimeout}}
 	cfg, err := tlsConfig(cacert)
 	c.tlsErr = err
 	if cfg != nil {

@@ -2,6 +2,8 @@ package cli
 
 import (
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 )
@@ -26,11 +28,14 @@ func TestServerURLMalformedIsUsage(t *testing.T) {
 		{"variable", map[string]string{"PLOVER_SERVER": "ftp://h:1"}, []string{"ls"}, `$PLOVER_SERVER "ftp://h:1": want http:// or https://`},
 		{"invoke", nil, []string{"invoke", "f", "--server", "tcp://h:1"}, `--server "tcp://h:1"`},
 		{"bench", nil, []string{"bench", "f", "--size", "4", "--server", "tcp://h:1"}, `--server "tcp://h:1"`},
+		// Credentials, which the server does not take, refused unechoed.
+		{"password", nil, []string{"ls", "--server", "http://alice:hunter2@127.0.0.1:1"}, `--server: a user or password in it`},
+		{"user", map[string]string{"PLOVER_SERVER": "http://alice@h:1"}, []string{"ls"}, `$PLOVER_SERVER: a user or password in it`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, errs, code := runMain(t, envOf(tt.vars), tt.args...)
-			if code != 2 || !strings.Contains(errs, tt.want) || strings.Contains(errs, "cannot reach") {
+			if code != 2 || !strings.Contains(errs, tt.want) || strings.Contains(errs, "cannot reach") || strings.Contains(errs, "hunter2") {
 				t.Fatalf("exit %d, stderr %q; want exit 2 and %q", code, errs, tt.want)
 			}
 		})
@@ -87,5 +92,23 @@ func TestHelpShowsOneDefault(t *testing.T) {
 		if u := c.Flags().FlagUsages(); strings.Contains(u, "(default 0s)") {
 			t.Errorf("plover %s --help shows a default of 0s:\n%s", c.Name(), u)
 		}
+	}
+}
+
+// A token read from a file ($(cat f) keeps no newline, a variable set from
+// one may) is sent without the white space around it.
+func TestTokenWithoutItsNewline(t *testing.T) {
+	got := make(chan string, 1)
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Get("Authorization")
+		w.Write([]byte(`{"functions":[]}`))
+	}))
+	defer ts.Close()
+	_, errs, code := runMain(t, envOf(map[string]string{"PLOVER_SERVER": ts.URL, "PLOVER_TOKEN": "s3cr3t\n"}), "ls")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if a := <-got; a != "Bearer s3cr3t" {
+		t.Fatalf("sent Authorization %q", a)
 	}
 }

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import http.client
+import ipaddress
 import urllib.parse
 import urllib.request
 
@@ -205,12 +206,25 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 
 
+def _loopback(host):
+    """Whether host names this machine: localhost, or a loopback address."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _proxy_for(u):
     """The proxy for server URL u (split), as urllib would choose it from
     $http_proxy / $https_proxy and $no_proxy: (its split URL, or None;
-    the Proxy-Authorization header for its user and password, or None)."""
+    the Proxy-Authorization header for its user and password, or None).
+    A server on this machine is never reached through a proxy, as Go's
+    clients (the plover CLI) do: the proxy cannot reach it, and would
+    read the token on the way."""
     proxy = urllib.request.getproxies().get(u.scheme)
-    if not proxy or urllib.request.proxy_bypass(u.netloc):
+    if not proxy or _loopback(u.hostname) or urllib.request.proxy_bypass(u.netloc):
         return None, None
     if "://" not in proxy:
         proxy = "http://" + proxy
@@ -230,6 +244,9 @@ def _check_url(url):
         raise ValueError("server URL %r: want http:// or https://, not %s://" % (url, u.scheme))
     if not u.hostname:
         raise ValueError("server URL %r: no host (want http://HOST:PORT)" % url)
+    if "@" in u.netloc:
+        # Not echoed: it may hold a password.
+        raise ValueError("server URL: a user or password in it: the server takes a token (token= or $PLOVER_TOKEN), not credentials in the URL")
     if u.query or u.fragment or url.endswith("?"):
         raise ValueError("server URL %r: a query or fragment: give the server's base URL (http://HOST:PORT)" % url)
     try:
@@ -237,6 +254,18 @@ def _check_url(url):
     except ValueError:
         raise ValueError("server URL %r: bad port (want 1..65535)" % url) from None
     return url
+
+
+def _check_token(token):
+    """The token with surrounding white space taken off (a token read from
+    a file ends with a newline), or None for none; one with a space or a
+    control character inside is refused, without echoing it."""
+    if token is None:
+        return None
+    token = token.strip()
+    if any(c <= " " or c == "\x7f" for c in token):
+        raise ValueError("token: a space or control character inside it (a token is one word; check where it was read from)")
+    return token or None
 
 
 # How long invoke waits past the deadline it sends (timeout_ms) for the
@@ -285,7 +314,7 @@ class Client:
         if "://" not in url:
             url = "http://" + url
         self.url = _check_url(url.rstrip("/"))
-        self.token = token if token is not None else (os.environ.get("PLOVER_TOKEN") or None)
+        self.token = _check_token(token if token is not None else (os.environ.get("PLOVER_TOKEN") or None))
         self.timeout = timeout
         self.cafile = cafile if cafile is not None else (os.environ.get("PLOVER_CACERT") or None)
         self._ssl = None

@@ -307,6 +307,15 @@ class AgainstStub(unittest.TestCase):
             with self.assertRaises(PloverError) as cm:
                 c.functions()
         self.assertEqual(cm.exception.code, "unreachable")
+        # A server on this machine goes straight, $no_proxy or not, as Go's
+        # clients do: the proxy would read the token and could not reach it.
+        os.environ.pop("no_proxy")
+        for host in ("127.0.0.1", "localhost", "[::1]"):
+            seen = len(Stub.requests)
+            with plover.Client("http://%s:1" % host, token="t", timeout=5) as c:
+                with self.assertRaises(PloverError, msg=host) as cm:
+                    c.functions()
+            self.assertEqual((cm.exception.code, len(Stub.requests)), ("unreachable", seen), host)
 
     def test_pyplover_inputs_are_bytes(self):
         # bytes(3) is three zero bytes: an int was sent as such.
@@ -614,6 +623,22 @@ class Defaults(unittest.TestCase):
         for bad in ("file:///etc", "ftp://h", "http://h:8080/?a=1", "http://h#x", "http://", "http://h:99999"):
             with self.assertRaises(ValueError, msg=bad):
                 plover.Client(bad)
+        # Credentials in the URL would be sent to no one but printed in
+        # every error: refused, and not echoed.
+        with self.assertRaises(ValueError) as cm:
+            plover.Client("http://alice:hunter2@h:8080")
+        self.assertNotIn("hunter2", str(cm.exception))
+
+    def test_token_is_one_word(self):
+        # Read from a file, a token ends with a newline: taken off. One with
+        # white space or a control character inside is refused unechoed
+        # (http.client's own error printed the header, token and all).
+        self.assertEqual(plover.Client("http://h:1", token="s3cr3t\n").token, "s3cr3t")
+        self.assertIsNone(plover.Client("http://h:1", token=" \n").token)
+        for bad in ("s3 cr3t", "s3\rcr3t", "s3\x00cr3t"):
+            with self.assertRaises(ValueError) as cm:
+                plover.Client("http://h:1", token=bad)
+            self.assertNotIn("cr3t", str(cm.exception))
 
 
 class DeployViaCLI(unittest.TestCase):
