@@ -29,10 +29,33 @@ func (c *Control) Logs(ctx context.Context, name string, since time.Time, follow
 		// Not an empty log: a follower would wait for lines that never come.
 		return nil, nil, errorf(errdefs.KindConflict, nil, "function %s: this server keeps no function output: its functions run in the server's own process (--isolation none) and print to the server's stdout and stderr", name)
 	}
+	c.e.tab.endIfEarlier(name, rec)
 	if !follow {
 		return c.e.logs.Lines(name, since), nil, nil
 	}
 	return c.follow(ctx, name, rec, was, since)
+}
+
+// endIfEarlier drops name's function from this node, as a request's load
+// would (switchTo), where rec, its record just read, is of a later life
+// of the name (it lists not the version loaded here: the function was
+// deleted and made anew on another node since this one's last poll): the
+// output kept here is the earlier life's, another tenant's perhaps, and
+// goes with it.
+func (t *table) endIfEarlier(name string, rec *api.Record) {
+	olds := func() []*version {
+		t.mu.Lock()
+		defer t.mu.Unlock() // see mu: dropLocked calls out
+		if f := t.funcs[name]; f == nil || f.cur == nil || lists(rec, f.cur.rec.ID) {
+			return nil
+		}
+		olds := t.dropLocked(name)
+		t.epoch++
+		return olds
+	}()
+	for _, v := range olds {
+		v.pool.retire()
+	}
 }
 
 // follow is Logs' follower of name, whose record rec was read when the

@@ -134,13 +134,7 @@ func TestFollowerOfAFunctionDeletedOnAnotherNode(t *testing.T) {
 		{"a new version", []func(*testing.T, *engine.Engine){func(t *testing.T, a *engine.Engine) { testkit.Deploy(t, a, newVersion) }}, []bool{true}, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			store, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg := engine.Config{Store: store, Devices: []device.Device{keepsOutput{device.NewHost(0)}}}
-			a, b := testkit.Engine(t, cfg), testkit.Engine(t, cfg)
-			testkit.Deploy(t, a, dir)
+			a, b := twoNodes(t, dir)
 			_, f, err := b.Control().Logs(context.Background(), "echo", time.Time{}, true)
 			if err != nil {
 				t.Fatalf("follow on b: %v", err)
@@ -182,6 +176,32 @@ func runAndPrint(t *testing.T, e *engine.Engine, line string) {
 	}
 	if !e.Print("echo", line) {
 		t.Fatal("echo is not loaded")
+	}
+}
+
+// twoNodes is two engines on one file store, whose devices keep their
+// workers' output, with dir deployed by the first.
+func twoNodes(t *testing.T, dir string) (*engine.Engine, *engine.Engine) {
+	t.Helper()
+	store, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := engine.Config{Store: store, Devices: []device.Device{keepsOutput{device.NewHost(0)}}}
+	a, b := testkit.Engine(t, cfg), testkit.Engine(t, cfg)
+	testkit.Deploy(t, a, dir)
+	return a, b
+}
+
+// recreate deletes echo on a and deploys it anew from dir, as another
+// tenant: a later life of the name.
+func recreate(t *testing.T, a *engine.Engine, dir string) {
+	t.Helper()
+	if err := a.Control().Delete(context.Background(), "echo", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Control().DeployAs(context.Background(), "echo", "globex", packed(t, dir), true); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -257,12 +277,7 @@ func TestFollowersOfAFunctionNotLoadedHereCostOneReadPerChange(t *testing.T) {
 	poll(1)
 	poll(0)
 
-	if err := a.Control().Delete(context.Background(), "echo", true); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.Control().DeployAs(context.Background(), "echo", "globex", packed(t, dir), true); err != nil {
-		t.Fatal(err)
-	}
+	recreate(t, a, dir)
 	_, f, err := b.Control().Logs(context.Background(), "echo", time.Time{}, true)
 	if err != nil {
 		t.Fatal(err)
@@ -418,12 +433,7 @@ func TestFollowerMadeDuringAPollKeepsItsLife(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if err := a.Control().Delete(context.Background(), "echo", true); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.Control().DeployAs(context.Background(), "echo", "globex", packed(t, dir), true); err != nil {
-		t.Fatal(err)
-	}
+	recreate(t, a, dir)
 	runAndPrint(t, b, "the next life's output")
 	select {
 	case l, open := <-f.C:
@@ -521,5 +531,47 @@ func TestPollThatFindsAFollowedFunctionGoneEndsItsFollower(t *testing.T) {
 	case <-f0.C:
 	default:
 		t.Fatal("the follower of the deleted function left open by the poll that found it deleted")
+	}
+}
+
+// A node that ran a function keeps its output; another node deletes it and
+// deploys the name anew (another tenant, perhaps) before this node's next
+// poll. A read of the name's output here, with or without follow, gets
+// none of the earlier life's lines: the read finds the record of a later
+// life and drops the function here, as a request would. Before, both
+// returned the earlier life's lines until the next poll (never, with no
+// polls).
+func TestLogsOfALaterLifeReadBeforeAPoll(t *testing.T) {
+	dir := testkit.BundleDir(t, testkit.Manifest("echo"), nil)
+	for _, follow := range []bool{false, true} {
+		t.Run(map[bool]string{false: "read", true: "follow"}[follow], func(t *testing.T) {
+			a, b := twoNodes(t, dir)
+			runAndPrint(t, b, "the earlier life's output")
+			if lines, _, err := b.Control().Logs(context.Background(), "echo", time.Time{}, false); err != nil || len(lines) != 1 {
+				t.Fatalf("b's output before the delete: %v, %v; want its one line", lines, err)
+			}
+			recreate(t, a, dir)
+			lines, f, err := b.Control().Logs(context.Background(), "echo", time.Time{}, follow)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f != nil {
+				defer f.Close()
+			}
+			if len(lines) != 0 {
+				t.Fatalf("b read %v of the earlier life", lines)
+			}
+			if follow {
+				runAndPrint(t, b, "the next life's output")
+				select {
+				case l, open := <-f.C:
+					if !open || l.Line != "the next life's output" {
+						t.Fatalf("the follower got %q (open %v), want the next life's line", l.Line, open)
+					}
+				default: // Add has returned: the line is there
+					t.Fatal("the follower got nothing of the next life")
+				}
+			}
+		})
 	}
 }
