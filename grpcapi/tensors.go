@@ -8,6 +8,7 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/errdefs"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/oip"
 	"github.com/plover-run/plover/pipeline"
@@ -34,11 +35,11 @@ func layInputs(req *pb.ModelInferRequest, raw rawInputs, decl []abi.Tensor, maxI
 	idx := make(map[string]int, len(got))
 	for i, t := range got {
 		if _, dup := idx[t.GetName()]; dup {
-			return false, false, badRequest("input %q is given twice", t.GetName())
+			return false, false, badRequest("input %s is given twice", errdefs.QuoteName(t.GetName()))
 		}
 		idx[t.GetName()] = i
 		if !typed && t.GetContents() != nil {
-			return false, false, badRequest("input %q has contents beside raw_input_contents: send every input one way", t.GetName())
+			return false, false, badRequest("input %s has contents beside raw_input_contents: send every input one way", errdefs.QuoteName(t.GetName()))
 		}
 	}
 	// Every input found and checked, and their sum, before any is laid out.
@@ -70,7 +71,7 @@ func layInputs(req *pb.ModelInferRequest, raw rawInputs, decl []abi.Tensor, maxI
 		}
 	}
 	for n := range idx {
-		return false, false, badRequest("input %q is not one of the model's inputs (%s)", n, oip.Names(decl))
+		return false, false, badRequest("input %s is not one of the model's inputs (%s)", errdefs.QuoteName(n), oip.Names(decl))
 	}
 	var buf []byte
 	switch {

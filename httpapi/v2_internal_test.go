@@ -242,6 +242,12 @@ func TestLayInputs(t *testing.T) {
 			err: `input "B" is not one of the model's inputs (a, b), and "b" is missing`},
 		{name: "twice", got: []inferTensor{a, bBin, a}, bin: bin, err: `input "a" is given twice`},
 		{name: "unknown", got: []inferTensor{a, bBin, {name: "c"}}, bin: bin, err: `input "c" is not one of the model's inputs (a, b)`},
+		// A name the client sent is quoted to its head: it may be as long
+		// as the body, and four times that quoted.
+		{name: "unknown, huge", got: []inferTensor{a, bBin, {name: strings.Repeat("\xff", 1<<16)}}, bin: bin,
+			err: `input "` + strings.Repeat(`\xff`, 64) + `"... is not one of the model's inputs (a, b)`},
+		{name: "twice, huge", got: []inferTensor{a, bBin, {name: strings.Repeat("c", 1<<16)}, {name: strings.Repeat("c", 1<<16)}}, bin: bin,
+			err: `input "` + strings.Repeat("c", 64) + `"... is given twice`},
 		{name: "bytes left", got: []inferTensor{a, bBin}, bin: append(bin[:6:6], 9), err: "1 bytes of binary data after the last input"},
 		{name: "bytes left, request order differs", got: []inferTensor{bBin, a}, bin: append(bin[:6:6], 9), err: "1 bytes of binary data after the last input"},
 		{name: "bytes short", got: []inferTensor{a, bBin}, bin: bin[:5], err: `input "b": binary_data_size 4:`},

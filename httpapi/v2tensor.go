@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/oip"
 	"github.com/plover-run/plover/pipeline"
 )
@@ -72,11 +73,11 @@ func layInputs(h *inferHeader, decl []abi.Tensor, bin []byte, buf []byte, lim in
 		order = append(order, i)
 	}
 	for n := range byName {
-		return nil, buf, fmt.Errorf("input %q is not one of the model's inputs (%s)", n, oip.Names(decl))
+		return nil, buf, fmt.Errorf("input %s is not one of the model's inputs (%s)", errdefs.QuoteName(n), oip.Names(decl))
 	}
 	for k := range got {
 		if byName == nil && used&(1<<k) == 0 {
-			return nil, buf, fmt.Errorf("input %q is not one of the model's inputs (%s)", got[k].name, oip.Names(decl))
+			return nil, buf, fmt.Errorf("input %s is not one of the model's inputs (%s)", errdefs.QuoteName(got[k].name), oip.Names(decl))
 		}
 	}
 	l := layout{bin: bin, buf: buf, inPlace: true, parts: h.parts}
@@ -120,7 +121,7 @@ func inputsByName(got []inferTensor) (map[string]int, error) {
 			}
 		}
 		if dup {
-			return nil, fmt.Errorf("input %q is given twice", got[i].name)
+			return nil, fmt.Errorf("input %s is given twice", errdefs.QuoteName(got[i].name))
 		}
 	}
 	return byName, nil
@@ -317,7 +318,7 @@ func appendElement(out []byte, dt string, p *hdrParser) ([]byte, error) {
 		return append(out, 0), nil
 	case c == '-' || '0' <= c && c <= '9':
 		if !p.number() {
-			return out, fmt.Errorf("%q is not a JSON number", p.b[start:min(p.i+1, len(p.b))])
+			return out, fmt.Errorf("%s is not a JSON number", errdefs.QuoteName(string(p.b[start:min(p.i+1, len(p.b))])))
 		}
 	default:
 		what := "null"

@@ -60,10 +60,10 @@ func Requested[T any](dst []int, want []T, name func(T) string, decl []abi.Tenso
 		n := name(w)
 		k := slices.IndexFunc(decl, func(t abi.Tensor) bool { return t.Name == n })
 		if k < 0 {
-			return dst[:0], &apierr.Error{Status: apierr.BadRequest, Msg: fmt.Sprintf("output %q is not one of the model's outputs (%s)", n, Names(decl))}
+			return dst[:0], &apierr.Error{Status: apierr.BadRequest, Msg: fmt.Sprintf("output %s is not one of the model's outputs (%s)", errdefs.QuoteName(n), Names(decl))}
 		}
 		if slices.Contains(dst, k) {
-			return dst[:0], &apierr.Error{Status: apierr.BadRequest, Msg: fmt.Sprintf("output %q is asked for twice", n)}
+			return dst[:0], &apierr.Error{Status: apierr.BadRequest, Msg: fmt.Sprintf("output %s is asked for twice", errdefs.QuoteName(n))}
 		}
 		dst = append(dst, k)
 	}
@@ -97,7 +97,7 @@ func Names(ts []abi.Tensor) string {
 func MissingInput(decl []abi.Tensor, missing string, n int, name func(int) string) error {
 	for i := range n {
 		if !slices.ContainsFunc(decl, func(t abi.Tensor) bool { return t.Name == name(i) }) {
-			return fmt.Errorf("input %q is not one of the model's inputs (%s), and %q is missing", name(i), Names(decl), missing)
+			return fmt.Errorf("input %s is not one of the model's inputs (%s), and %q is missing", errdefs.QuoteName(name(i)), Names(decl), missing)
 		}
 	}
 	return fmt.Errorf("input %q is missing (the model takes %s)", missing, Names(decl))

@@ -32,6 +32,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/errdefs"
@@ -308,7 +309,7 @@ func (t *Tracer) spans(ctx context.Context, span trace.Span, c *Call, fn string)
 		span.SetAttributes(attribute.Int("http.response.status_code", c.Status))
 	}
 	if c.Err != nil {
-		msg := strings.ToValidUTF8(c.Err.Error(), "\uFFFD")
+		msg := strings.ToValidUTF8(keptMessage(c.Err.Error()), "\uFFFD")
 		span.SetAttributes(attribute.String("error.type", c.errorType()), attribute.String("error.message", msg))
 		if c.serverFault() {
 			span.SetStatus(codes.Error, msg)
@@ -431,4 +432,23 @@ func (t *Tracer) parts(ctx context.Context, b time.Time, tm *call.Timing) {
 			span(dctx, "handback", at.Add(tm.Dispatch-tm.Handback), tm.Handback)
 		}
 	}
+}
+
+// maxMessage is the most of an error's text a span keeps.
+const maxMessage = 1 << 10
+
+// keptMessage is msg as a span keeps it past its request: its head, where
+// it is longer than maxMessage, with its length. An error may quote what
+// a client sent (an input's name, in a message of up to the body limit),
+// and a span waits in the exporter's queue (2,048 of them) after the
+// request's bytes are given back.
+func keptMessage(msg string) string {
+	if len(msg) <= maxMessage {
+		return msg
+	}
+	n := maxMessage
+	for n > maxMessage-4 && !utf8.RuneStart(msg[n]) {
+		n--
+	}
+	return msg[:n] + "... (" + strconv.Itoa(len(msg)) + " bytes)"
 }

@@ -360,16 +360,45 @@ func TestTheFunctionAttributeIsBounded(t *testing.T) {
 		if err := tr.Shutdown(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		got := "(none)"
-		for _, s := range rec.Ended() {
-			for _, a := range s.Attributes() {
-				if s.SpanKind() == trace.SpanKindServer && a.Key == "plover.function" {
-					got = a.Value.AsString()
-				}
-			}
-		}
+		got := serverAttr(rec, "plover.function")
 		if got != tc.want {
 			t.Errorf("a %d-byte name: plover.function %.80q (%d bytes), want %.80q", len(tc.name), got, len(got), tc.want)
 		}
 	}
+}
+
+// An error's text, which may quote what a client sent, is kept in a span
+// to its first KiB and its length: the span outlives the request in the
+// exporter's queue. It kept all of it (16 MiB for a 4 MiB name quoted).
+func TestTheErrorMessageIsBounded(t *testing.T) {
+	for _, tc := range []struct{ msg, want string }{
+		{"bad input", "bad input"},
+		{strings.Repeat("q", 1024), strings.Repeat("q", 1024)},
+		{strings.Repeat("q", 1<<20), strings.Repeat("q", 1024) + "... (1048576 bytes)"},
+		{strings.Repeat("q", 1023) + "é" + strings.Repeat("q", 9), strings.Repeat("q", 1023) + "... (1034 bytes)"}, // not inside a character
+	} {
+		tr, rec := recorded()
+		tr.Record(propagation.MapCarrier{}, aCall("http", 400, 5, errors.New(tc.msg)))
+		if err := tr.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		got := serverAttr(rec, "error.message")
+		if got != tc.want {
+			t.Errorf("a %d-byte message: error.message %.80q (%d bytes), want %.80q (%d)", len(tc.msg), got, len(got), tc.want, len(tc.want))
+		}
+	}
+}
+
+// serverAttr is the string attribute key of rec's server span, "(none)"
+// where it has none.
+func serverAttr(rec *tracetest.SpanRecorder, key attribute.Key) string {
+	got := "(none)"
+	for _, s := range rec.Ended() {
+		for _, a := range s.Attributes() {
+			if s.SpanKind() == trace.SpanKindServer && a.Key == key {
+				got = a.Value.AsString()
+			}
+		}
+	}
+	return got
 }
