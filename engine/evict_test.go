@@ -260,3 +260,39 @@ func topUpEnded(t *testing.T, e *engine.Engine, name string) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// A function with idle instances on two devices holds its program on each,
+// and an eviction takes a program only with its whole function: one on a
+// device counts its instance there, not its program. A load that would
+// need both is refused at once and the warm instance kept; before, the
+// check counted the program, the eviction took the instance, and the load
+// was refused after all.
+func TestEvictionCountsNoProgramItCannotTake(t *testing.T) {
+	ma := testkit.Slow("a", 300)
+	ma.Constants = "w.bin"
+	per := ma.MaxInputBytes + ma.TmpBytes + ma.OutBytes
+	room := per + 64<<10 + 2048 // a's instance and constants, and a little
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{device.NewHost(room), device.NewHost(room)}})
+	testkit.Deploy(t, e, testkit.BundleDir(t, ma, make([]byte, 64<<10)))
+	mb := testkit.Manifest("b")
+	mb.Constants = "w.bin"
+	testkit.Deploy(t, e, testkit.BundleDir(t, mb, make([]byte, 32<<10)))
+	// Two requests at once: the second's instance goes to the other
+	// device, which has the more free memory.
+	first := make(chan error, 1)
+	go func() { first <- e.Invoke(context.Background(), "a", &call.Request{Input: []byte{1}}) }()
+	testkit.WaitFor(t, e, "a", "its first run", testkit.Busy(1, 0))
+	invoke(t, e, "a", []byte{1})
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if fi := info(t, e, "a"); fi.Idle != 2 {
+		t.Fatalf("a has %d idle instances, want one on each device", fi.Idle)
+	}
+	if err := e.Invoke(context.Background(), "b", &call.Request{Input: []byte{1}}); err == nil {
+		t.Fatal("b ran: it needs a's instance and program on one device")
+	}
+	if fi := info(t, e, "a"); fi.Idle != 2 {
+		t.Fatalf("a has %d idle instances after b was refused, want its 2 kept", fi.Idle)
+	}
+}

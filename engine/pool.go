@@ -511,19 +511,26 @@ func (p *pool) reap(now time.Time, ttl time.Duration, keep int) (closed int, zer
 
 // reclaimable is what evicting the idle instances on dev above keep would
 // free, and with whole also the programs there when the pool would be left
-// with no instance and no request.
+// with no instance and no request: only where every instance is on dev,
+// as idleOn offers a program only once its pool has none (a function with
+// instances on two devices counted its program on one, and an eviction
+// took its idle instance there, then found nothing more to take: a 503
+// after a warm instance lost for nothing).
 func (p *pool) reclaimable(dev device.Device, keep int, whole bool) int64 {
 	var n int64
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	spare := p.live - keep
+	spare, on := p.live-keep, 0
 	for _, in := range p.idle {
-		if spare > 0 && in.dev.dev == dev {
-			n += in.bytes
-			spare--
+		if in.dev.dev == dev {
+			on++
+			if spare > 0 {
+				n += in.bytes
+				spare--
+			}
 		}
 	}
-	if whole && keep == 0 && p.refs == 0 && len(p.idle) == p.live {
+	if whole && keep == 0 && p.refs == 0 && on == p.live {
 		for _, pl := range p.placements {
 			if pl.dev == dev {
 				n += pl.prog.ConstantsBytes()
