@@ -991,6 +991,9 @@ func TestRefusals(t *testing.T) {
 		{"sampler ratio not a number", tracingOn().set("tracing.sampler", "traceidratio").set("tracing.samplerArg", "ten percent"), "want a ratio from 0 to 1"},
 		{"headers Secret without a key", tracingOn().set("tracing.headersSecret.name", "otel").set("tracing.headersSecret.key", ""), "needs tracing.headersSecret.key"},
 		{"unknown worker scope", required().set("server.workerScope", "process"), `server.workerScope "process": want function or tenant`},
+		{"image tag a number", required().set("image.tag", 1.1), "image.tag: a number"},
+		{"image tag an integer", required().set("image.tag", 20260101), "image.tag: a number"},
+		{"metrics on the API port", required().set("metrics.port", 8080), "metrics.port 8080 is server.port too"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

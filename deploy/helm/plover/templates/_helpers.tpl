@@ -231,6 +231,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if not (has .Values.data.type (list "emptyDir" "ephemeral")) }}
 {{- fail (printf "data.type %q: want emptyDir or ephemeral" .Values.data.type) }}
 {{- end }}
+{{- if and .Values.image.tag (not (kindIs "string" .Values.image.tag)) }}
+{{- fail "image.tag: a number, not a string, as YAML and --set read it (1.10 reads as 1.1, 20260101 as 2.0260101e+07): quote it in values, or use --set-string" }}
+{{- end }}
+{{- if and .Values.metrics.enabled (eq (int .Values.metrics.port) (int .Values.server.port)) }}
+{{- fail (printf "metrics.port %v is server.port too: the metrics listener needs a port of its own" .Values.metrics.port) }}
+{{- end }}
 {{- if .Values.grpc.enabled }}
 {{- $p := int .Values.grpc.port }}
 {{- if or (lt $p 1) (gt $p 65535) (ne (toString $p) (toString .Values.grpc.port)) }}
