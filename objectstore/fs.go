@@ -46,10 +46,21 @@ func (s *FS) path(key string) (string, error) {
 	return filepath.Join(s.root, filepath.FromSlash(key)), nil
 }
 
+// Put writes under the key's lock where it has one (a record, which
+// conditional writes lock), as Delete does: a write that came between a
+// PutIf's check and its rename would be lost to it unseen, and two
+// writes reading one mtime floor could stamp alike.
 func (s *FS) Put(ctx context.Context, key string, r io.Reader, size int64) error {
 	p, err := s.path(key)
 	if err != nil {
 		return err
+	}
+	if _, err := os.Stat(lockName(p)); err == nil {
+		unlock, err := s.lockKey(ctx, p)
+		if err != nil {
+			return fmt.Errorf("put %s: %w", key, err)
+		}
+		defer unlock()
 	}
 	return s.write(ctx, key, p, r, size)
 }

@@ -19,7 +19,7 @@ import (
 // until their context ends: a deploy's deadline bounds it, as it bounds
 // every S3 request. Before, flock waited for ever.
 func TestFSLockHonoursTheContext(t *testing.T) {
-	for _, op := range []string{"put if", "delete"} {
+	for _, op := range []string{"put if", "delete", "put"} {
 		t.Run(op, func(t *testing.T) {
 			dir, s, lf := heldStore(t)
 			ctx := context.Background()
@@ -27,9 +27,12 @@ func TestFSLockHonoursTheContext(t *testing.T) {
 			defer cancel()
 			done := make(chan error, 1)
 			go func() {
-				if op == "delete" {
+				switch op {
+				case "delete":
 					done <- s.Delete(cctx, "functions/f.json")
-				} else {
+				case "put":
+					done <- s.Put(cctx, "functions/f.json", bytes.NewReader([]byte("[]")), 2)
+				default:
 					done <- s.PutIf(cctx, "functions/f.json", bytes.NewReader([]byte("[]")), 2, "")
 				}
 			}()
