@@ -56,12 +56,11 @@ func (s *hookedStore) GetTagged(ctx context.Context, key string) (io.ReadCloser,
 	return io.NopCloser(bytes.NewReader(b)), info, nil
 }
 
-// A function deleted between Logs' read of its record and its follower's
-// start: Logs ends that follower and says the function is gone. Before,
-// the follower was made after the delete had forgotten the name's output,
-// on a fresh ring no Forget would close: the stream waited for ever (or
-// carried the output of whatever was deployed next under the name).
-func TestFollowOfAFunctionDeletedMeanwhile(t *testing.T) {
+// hookedNode is an engine, whose device keeps its workers' output, on a
+// file store whose echo record's next read runs the store's hook; echo is
+// deployed.
+func hookedNode(t *testing.T) (*hookedStore, *engine.Engine) {
+	t.Helper()
 	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
 	if err != nil {
 		t.Fatal(err)
@@ -69,6 +68,16 @@ func TestFollowOfAFunctionDeletedMeanwhile(t *testing.T) {
 	store := &hookedStore{Store: fs, key: "functions/echo.json"}
 	e := testkit.Engine(t, engine.Config{Store: store, Devices: []device.Device{keepsOutput{device.NewHost(0)}}})
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	return store, e
+}
+
+// A function deleted between Logs' read of its record and its follower's
+// start: Logs ends that follower and says the function is gone. Before,
+// the follower was made after the delete had forgotten the name's output,
+// on a fresh ring no Forget would close: the stream waited for ever (or
+// carried the output of whatever was deployed next under the name).
+func TestFollowOfAFunctionDeletedMeanwhile(t *testing.T) {
+	store, e := hookedNode(t)
 	deleted := make(chan error, 1)
 	hook := func() { deleted <- e.Control().Delete(context.Background(), "echo", true) }
 	store.hook.Store(&hook)
@@ -573,5 +582,34 @@ func TestLogsOfALaterLifeReadBeforeAPoll(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A read of a function's output whose record read a new version overtakes
+// (a deploy, here or applied from another node's, between the read and
+// what the read does next) drops nothing: that record lists not the new
+// version, which is no earlier life's. Before the table's epoch was asked,
+// such a read dropped the function just deployed, its warm instances and
+// its output.
+func TestALogsReadOvertakenByADeployDropsNothing(t *testing.T) {
+	store, e := hookedNode(t)
+	runAndPrint(t, e, "v1 line")
+	m := testkit.Manifest("echo")
+	m.OutBytes = 128 // another bundle: a new version
+	v2 := testkit.BundleDir(t, m, nil)
+	hook := func() {
+		testkit.Deploy(t, e, v2)
+		runAndPrint(t, e, "v2 line")
+	}
+	store.hook.Store(&hook)
+	lines, _, err := e.Control().Logs(context.Background(), "echo", time.Time{}, false)
+	if store.hook.Load() != nil {
+		t.Fatal("the hook did not run: Logs read no record")
+	}
+	if err != nil || len(lines) != 2 {
+		t.Fatalf("Logs: %v, %v; want both versions' lines", lines, err)
+	}
+	if !e.Print("echo", "still here") {
+		t.Fatal("echo was dropped by a read of its output")
 	}
 }
