@@ -120,3 +120,57 @@ func TestAnEarlierPloverDeployIsReplaced(t *testing.T) {
 		t.Errorf("current %s, want the folder's version id-folder over the earlier plover deploy", rec.Current)
 	}
 }
+
+// A function deployed otherwise (plover deploy, another tenant perhaps)
+// before a folder of its name appeared is taken over by the folder, and
+// given back when the folder goes or is unloaded: its version from before
+// the folder current again, the folders' labels off, not deleted. Before,
+// the folder's removal deleted the function, that version with it.
+func TestAFunctionTheFolderTookOverIsGivenBack(t *testing.T) {
+	ctx := context.Background()
+	for _, how := range []string{"folder removed", "unloaded"} {
+		t.Run(how, func(t *testing.T) {
+			models := cnnModels(t, "1")
+			node := newFakeNode()
+			r, _ := New(Config{Dir: models, Settle: time.Millisecond}, node)
+			hand := ploverDeploy(t, r, node, models)
+			r.Scan(ctx)
+			if node.current("cnn") != "1" {
+				t.Fatalf("the folder did not take cnn over: %s", index(r))
+			}
+			if how == "unloaded" {
+				if err := r.Load(ctx, "cnn"); err != nil {
+					t.Fatal(err)
+				}
+				if err := r.Unload(ctx, "cnn"); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				os.RemoveAll(filepath.Join(models, "cnn"))
+				r.Scan(ctx)
+			}
+			rec, err := node.Versions(ctx, "cnn")
+			if err != nil {
+				t.Fatalf("cnn was deleted: %v", err)
+			}
+			if rec.Current != hand {
+				t.Errorf("current %s, want %s, deployed before the folder", rec.Current, hand)
+			}
+			for _, v := range rec.Versions {
+				if v.Label != "" {
+					t.Errorf("version %s keeps the folder's label %q", v.ID, v.Label)
+				}
+			}
+			// The next scan takes it no more, nor, the folder gone, a
+			// restart's.
+			r.Scan(ctx)
+			if how == "folder removed" {
+				r2, _ := New(Config{Dir: models, Settle: time.Millisecond}, node)
+				r2.Scan(ctx)
+			}
+			if rec, err := node.Versions(ctx, "cnn"); err != nil || rec.Current != hand {
+				t.Errorf("after the next scan: %v, %v; want %s current", rec, err, hand)
+			}
+		})
+	}
+}
