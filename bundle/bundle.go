@@ -99,8 +99,20 @@ type files struct {
 func (d files) open(name string) (*os.File, error) {
 	path := filepath.Join(d.dir, name)
 	const flags = os.O_RDONLY | syscall.O_NONBLOCK
-	var f *os.File
+	// Looked at before it is opened: a device's open runs its driver, a
+	// socket's fails as if the disk had (ENXIO). Checked again once open,
+	// for a file replaced between the two.
+	var fi fs.FileInfo
 	var err error
+	if d.root == nil {
+		fi, err = os.Stat(path)
+	} else {
+		fi, err = d.root.Stat(name)
+	}
+	if err == nil && !fi.Mode().IsRegular() {
+		return nil, refuse("%s is %s, not a regular file", path, fileKind(fi.Mode()))
+	}
+	var f *os.File
 	if d.root == nil {
 		f, err = os.OpenFile(path, flags, 0)
 	} else if f, err = d.root.OpenFile(name, flags, 0); err != nil {
@@ -111,7 +123,7 @@ func (d files) open(name string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	fi, err := f.Stat()
+	fi, err = f.Stat()
 	if err == nil && !fi.Mode().IsRegular() {
 		err = refuse("%s is %s, not a regular file", path, fileKind(fi.Mode()))
 	}

@@ -310,34 +310,41 @@ func TestPackWithinLinks(t *testing.T) {
 }
 
 // A bundle directory's file that is not a regular file is refused, naming
-// it and its kind, and without blocking: a FIFO's open would wait for a
-// writer (a model repository's folders are written by others). Pack and
-// PackWithin, the manifest and the other files alike.
+// it and its kind, unopened: a FIFO's open would wait for a writer (a
+// model repository's folders are written by others), a socket's fails
+// (ENXIO, which a repository took for a passing read error and tried again
+// at every scan), a device's runs its driver. Pack and PackWithin, the
+// manifest and the other files alike.
 func TestPackRefusesSpecialFilesWithoutBlocking(t *testing.T) {
-	for _, name := range []string{abi.ManifestFile, "lib.so", "w.bin"} {
-		for _, within := range []bool{false, true} {
-			dir := bundleDir(t)
-			os.Remove(filepath.Join(dir, name))
-			if err := syscall.Mkfifo(filepath.Join(dir, name), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan error, 1)
-			go func() {
-				var err error
-				if within {
-					_, err = PackWithin(dir, "", io.Discard)
-				} else {
-					_, err = Pack(dir, io.Discard)
+	for _, special := range []struct {
+		mode uint32
+		kind string
+	}{{syscall.S_IFIFO, "a named pipe (FIFO)"}, {syscall.S_IFSOCK, "a socket"}} {
+		for _, name := range []string{abi.ManifestFile, "lib.so", "w.bin"} {
+			for _, within := range []bool{false, true} {
+				dir := bundleDir(t)
+				os.Remove(filepath.Join(dir, name))
+				if err := syscall.Mknod(filepath.Join(dir, name), special.mode|0o644, 0); err != nil {
+					t.Fatal(err)
 				}
-				done <- err
-			}()
-			select {
-			case err := <-done:
-				if err == nil || !strings.Contains(err.Error(), name+" is a named pipe (FIFO), not a regular file") {
-					t.Errorf("%s a FIFO (within %v): %v, want it refused naming it", name, within, err)
+				done := make(chan error, 1)
+				go func() {
+					var err error
+					if within {
+						_, err = PackWithin(dir, "", io.Discard)
+					} else {
+						_, err = Pack(dir, io.Discard)
+					}
+					done <- err
+				}()
+				select {
+				case err := <-done:
+					if err == nil || !strings.Contains(err.Error(), name+" is "+special.kind+", not a regular file") {
+						t.Errorf("%s %s (within %v): %v, want it refused naming it", name, special.kind, within, err)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatalf("%s %s (within %v): packing still blocked 5 s on", name, special.kind, within)
 				}
-			case <-time.After(5 * time.Second):
-				t.Fatalf("%s a FIFO (within %v): packing still blocked 5 s on", name, within)
 			}
 		}
 	}
