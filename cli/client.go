@@ -49,6 +49,9 @@ func checkServerURL(s string) error {
 	if !strings.Contains(raw, "://") {
 		raw = "http://" + raw
 	}
+	if hasUserInfo(raw) {
+		return errUserInfo // first: every other refusal echoes the value
+	}
 	u, err := url.Parse(raw)
 	if err != nil {
 		var ue *url.Error
@@ -66,8 +69,6 @@ func checkServerURL(s string) error {
 		return fmt.Errorf("no host but %q: a ':' missing after the scheme?", u.Hostname())
 	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
 		return errors.New("a query or fragment: give the server's base URL (http://HOST:PORT)")
-	case u.User != nil:
-		return errUserInfo
 	}
 	if p := u.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
@@ -81,6 +82,17 @@ func checkServerURL(s string) error {
 // takes a token, so they would be sent to no one, and printed in every
 // error that names the server.
 var errUserInfo = errors.New("a user or password in it: the server takes a token (--token or $PLOVER_TOKEN), not credentials in the URL")
+
+// hasUserInfo reports whether raw, a URL with a scheme, has an @ in its
+// authority (a user or password), read without parsing the rest, which
+// may not parse.
+func hasUserInfo(raw string) bool {
+	_, rest, _ := strings.Cut(raw, "://")
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		rest = rest[:i]
+	}
+	return strings.Contains(rest, "@")
+}
 
 // client talks to a plover server's HTTP API.
 type client struct {

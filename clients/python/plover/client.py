@@ -240,13 +240,13 @@ def _check_url(url):
     """The server's base URL, checked as the CLI checks --server: http or
     https, a host, no query or fragment."""
     u = urllib.parse.urlsplit(url)
+    if "@" in u.netloc:
+        # First, and not echoed: it may hold a password.
+        raise ValueError("server URL: a user or password in it: the server takes a token (token= or $PLOVER_TOKEN), not credentials in the URL")
     if u.scheme not in ("http", "https"):
         raise ValueError("server URL %r: want http:// or https://, not %s://" % (url, u.scheme))
     if not u.hostname:
         raise ValueError("server URL %r: no host (want http://HOST:PORT)" % url)
-    if "@" in u.netloc:
-        # Not echoed: it may hold a password.
-        raise ValueError("server URL: a user or password in it: the server takes a token (token= or $PLOVER_TOKEN), not credentials in the URL")
     if u.query or u.fragment or url.endswith("?"):
         raise ValueError("server URL %r: a query or fragment: give the server's base URL (http://HOST:PORT)" % url)
     try:

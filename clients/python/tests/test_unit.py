@@ -625,9 +625,10 @@ class Defaults(unittest.TestCase):
                 plover.Client(bad)
         # Credentials in the URL would be sent to no one but printed in
         # every error: refused, and not echoed.
-        with self.assertRaises(ValueError) as cm:
-            plover.Client("http://alice:hunter2@h:8080")
-        self.assertNotIn("hunter2", str(cm.exception))
+        for bad in ("http://alice:hunter2@h:8080", "ftp://u:hunter2@h", "http://u:hunter2@:8080", "http://u:hunter2@h/?q"):
+            with self.assertRaises(ValueError, msg=bad) as cm:
+                plover.Client(bad)
+            self.assertNotIn("hunter2", str(cm.exception), bad)
 
     def test_token_is_one_word(self):
         # Read from a file, a token ends with a newline: taken off. One with
