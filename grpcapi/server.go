@@ -31,6 +31,7 @@ import (
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/gate"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
@@ -584,7 +585,7 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 	io.decode += w.Elapsed()
 	if n > s.opts.MaxMessageBytes {
 		return nil, &apierr.Error{Status: apierr.TooLarge, Msg: fmt.Sprintf(
-			"model %s: request message of %d bytes is over the server's limit of %d bytes (plover serve --max-body)", req.GetModelName(), n, s.opts.MaxMessageBytes)}
+			"model %s: request message of %d bytes is over the server's limit of %d bytes (plover serve --max-body)", errdefs.KeptName(req.GetModelName()), n, s.opts.MaxMessageBytes)}
 	}
 	// Read, its message holds its size in the budget, not its ticket.
 	if err := io.room.resize(ctx, int64(n)); err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/oip"
 	"github.com/plover-run/plover/reqmetrics"
@@ -78,7 +79,7 @@ func parseInvokeBody(body []byte, name string) ([]byte, *call.Override, *invokeB
 	if pyplover {
 		field, enc = "inputs", b.Inputs
 		if b.Name != nil && *b.Name != name {
-			return nil, nil, nil, badField("name", fmt.Sprintf("%q does not match the function in the URL, %q", *b.Name, name))
+			return nil, nil, nil, badField("name", fmt.Sprintf("%s does not match the function in the URL, %q", errdefs.QuoteName(*b.Name), name))
 		}
 		chain, err := pyChain(b.FuncNames, b.GridSizes, b.BlockSizes)
 		if err != nil {

@@ -154,7 +154,7 @@ func AddSize(total, size int64) int64 {
 // which it returns. Errors name the input.
 func CheckInput(datatype string, shape []int64, d abi.Tensor) (int64, error) {
 	if datatype != d.Datatype {
-		return 0, fmt.Errorf("input %q: datatype %s, the model takes %s", d.Name, datatype, d.Datatype)
+		return 0, fmt.Errorf("input %q: datatype %s, the model takes %s", d.Name, errdefs.KeptName(datatype), d.Datatype)
 	}
 	if err := MatchShape(shape, d.Shape); err != nil {
 		return 0, fmt.Errorf("input %q: %v", d.Name, err)
