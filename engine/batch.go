@@ -328,11 +328,15 @@ func maxTime(a, c time.Time) time.Time {
 // its result, and dispatches what queued meanwhile.
 func (b *batcher) run(items []*batchItem) {
 	defer b.v.pool.unref()
+	// Buffers for the run's items, not max_items': host memory in the
+	// server that nothing else bounds (up to twice abi.MaxBufferBytes a
+	// run in flight), so as large as the items' own bytes and answers.
+	k := int64(b.padded(len(items)))
 	bb, _ := b.bufs.Get().(*batchBufs)
 	if bb == nil {
-		m := b.v.manifest
-		bb = &batchBufs{in: make([]byte, m.MaxInputBytes), out: make([]byte, m.OutBytes)}
+		bb = &batchBufs{}
 	}
+	bb.in, bb.out = sized(bb.in, k*b.itemIn), sized(bb.out, k*b.itemOut)
 	// Items abandoned while pending were removed; the rest have their
 	// input copied and are taken now, and from here an abandoned item is
 	// only skipped.
@@ -369,6 +373,29 @@ func (b *batcher) ended(took time.Duration) {
 	b.mu.Unlock()
 }
 
+// padded is how many items a run of n takes: with padding (a CUDA graph
+// per length), the next power of two, up to max_items.
+func (b *batcher) padded(n int) int {
+	if b.pad {
+		return min(1<<bits.Len(uint(n-1)), b.maxItems)
+	}
+	return n
+}
+
+// sized is buf as n bytes long, in place where it has the room.
+func sized(buf []byte, n int64) []byte {
+	if int64(cap(buf)) >= n {
+		return buf[:n]
+	}
+	hookBatchAlloc(n)
+	return make([]byte, n)
+}
+
+// hookBatchAlloc is told the size of each batch buffer made: a test sees
+// what a run asked for (a plain variable, set only by tests, which do not
+// run in parallel).
+var hookBatchAlloc = func(int64) {}
+
 // runItems runs one chain over items, whose inputs are in bb.in already,
 // and delivers each its slice of out, or the run's error to all of them;
 // but for an input refused (plover_reject), whose run is then retried
@@ -377,10 +404,7 @@ func (b *batcher) ended(took time.Duration) {
 func (b *batcher) runItems(items []*batchItem, bb *batchBufs) {
 	start := time.Now()
 	n := len(items)
-	k := n
-	if b.pad {
-		k = min(1<<bits.Len(uint(n-1)), b.maxItems)
-	}
+	k := b.padded(n)
 	in := bb.in[:int64(k)*b.itemIn]
 	clear(in[int64(n)*b.itemIn:])
 	out := bb.out[:int64(k)*b.itemOut]
@@ -541,10 +565,10 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 	var ended time.Time // the last run's end
 	for retried := false; err == nil; retried = true {
 		if fresh != call.Hot {
-			res.start = max(res.start, fresh)
-			res.load = time.Since(t0)
+			load := time.Since(t0)
+			res.start, res.load = max(res.start, fresh), res.load+load // a replaced worker's load adds to the first's
 			if fresh == call.Cold {
-				e.coldStarted(f, v, inst, res.load)
+				e.coldStarted(f, v, inst, load)
 			}
 		}
 		now := time.Now()
@@ -572,7 +596,7 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 		// function's fault: the run goes once more on a fresh worker, as
 		// an unbatched request would; as its, the batch ran only if that
 		// run happens (pool.runRetrying returns no run otherwise).
-		res.ran = false
+		res.ran, r = false, nil // a run on the next worker, or none: not the dead one's timing
 		if inst, fresh, t0, err = pool.replace(context.Background(), inst, err, deadline, nil); inst != nil {
 			h.in = inst
 		} else if err == nil {

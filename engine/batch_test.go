@@ -537,3 +537,17 @@ func TestAFailedBatchRunIsNoRunsLength(t *testing.T) {
 		t.Fatalf("after a refused run: runs take %v, want %v as before", got, took)
 	}
 }
+
+// A run's buffers are as large as its items need, not max_items' (host
+// memory in the server that nothing else bounds, up to 1 GiB each): a run
+// of one item makes an input and an output of one item's bytes.
+func TestBatchBuffersFitTheRun(t *testing.T) {
+	sizes := engine.BatchAllocs(t)
+	e := batchEngine(t, testkit.BatchManifest("b", 16, ""))
+	if r := <-invokeAsync(e, "b", item(1, 0), time.Time{}); r.err != nil || r.value != 2 {
+		t.Fatalf("the request: %+v", r)
+	}
+	if got := *sizes; len(got) != 2 || got[0] != 8 || got[1] != 8 {
+		t.Fatalf("a run of one item made buffers of %v bytes, want 8 and 8, not max_items' 128", got)
+	}
+}

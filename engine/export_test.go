@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 	"unsafe"
 
@@ -207,3 +208,17 @@ func (e *Engine) SetPollDeadline(d time.Duration) { e.pollDeadline = d }
 // FloodingIO is what the server's I/O shares ask before a touch counts a
 // flow light (ioshare.Config.Flooding).
 func (e *Engine) FloodingIO(name string) bool { return e.floodingIO(name) }
+
+// BatchAllocs records the size of every batch buffer made until the test
+// ends.
+func BatchAllocs(t testing.TB) *[]int64 {
+	var mu sync.Mutex
+	var sizes []int64
+	hookBatchAlloc = func(n int64) {
+		mu.Lock()
+		sizes = append(sizes, n)
+		mu.Unlock()
+	}
+	t.Cleanup(func() { hookBatchAlloc = func(int64) {} })
+	return &sizes
+}
