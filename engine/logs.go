@@ -21,7 +21,10 @@ func (c *Control) Logs(ctx context.Context, name string, since time.Time, follow
 		return nil, nil, notFound(name, nil, "")
 	}
 	was := c.e.tab.followed.remembered(name) // before the read: see follow
-	at := c.e.tab.at()                       // before the read: see endIfEarlier
+	var cur *version                         // before the read: see endIfEarlier
+	if f := c.e.tab.function(name); f != nil {
+		cur = c.e.tab.currentOf(f)
+	}
 	rec, err := c.e.tab.record(ctx, name)
 	if err != nil {
 		return nil, nil, err
@@ -30,7 +33,7 @@ func (c *Control) Logs(ctx context.Context, name string, since time.Time, follow
 		// Not an empty log: a follower would wait for lines that never come.
 		return nil, nil, errorf(errdefs.KindConflict, nil, "function %s: this server keeps no function output: its functions run in the server's own process (--isolation none) and print to the server's stdout and stderr", name)
 	}
-	c.e.tab.endIfEarlier(name, rec, at)
+	c.e.tab.endIfEarlier(name, rec, cur)
 	if !follow {
 		return c.e.logs.Lines(name, since), nil, nil
 	}
@@ -42,15 +45,16 @@ func (c *Control) Logs(ctx context.Context, name string, since time.Time, follow
 // of the name (it lists not the version loaded here: the function was
 // deleted and made anew on another node since this one's last poll): the
 // output kept here is the earlier life's, another tenant's perhaps, and
-// goes with it. Only if the table is still at the epoch at, read before
-// rec: a record read before a change applied here since (a deploy, this
-// node's or another's its poll applied) lists not the version it made
-// current, which is no earlier life's.
-func (t *table) endIfEarlier(name string, rec *api.Record, at uint64) {
+// goes with it. Only if the version loaded is still was, the one loaded
+// before rec was read: a record read before a change applied
+// here since (a deploy, this node's or another's its poll applied) lists
+// not the version it made current, which is no earlier life's; was,
+// unlisted in a record read after it was current, is.
+func (t *table) endIfEarlier(name string, rec *api.Record, was *version) {
 	olds := func() []*version {
 		t.mu.Lock()
 		defer t.mu.Unlock() // see mu: dropLocked calls out
-		if f := t.funcs[name]; t.epoch != at || f == nil || f.cur == nil || lists(rec, f.cur.rec.ID) {
+		if f := t.funcs[name]; was == nil || f == nil || f.cur != was || lists(rec, was.rec.ID) {
 			return nil
 		}
 		olds := t.dropLocked(name)
