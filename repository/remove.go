@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/errdefs"
 )
 
@@ -27,54 +26,11 @@ func (r *Repository) remove(ctx context.Context, m *model) error {
 	if !ours {
 		return nil
 	}
-	if err := r.letGo(ctx, m.name); err != nil {
+	if err := r.node.Delete(ctx, m.name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
 		r.cfg.Log.Warn("model repository: a removed folder's function could not be deleted", "model", m.name, "error", err)
 		return err
 	}
 	r.cfg.Log.Info("model repository: removed", "model", m.name)
-	return nil
-}
-
-// letGo ends the repository's hold on name's function, whose current
-// version is a folder's: it is deleted, unless a version deployed
-// otherwise (plover deploy) came before the folders' first, a function
-// the folder took the name over from: that one is made current again and
-// the folders' labels are taken off, the function left as it was before,
-// its owner's (another tenant's, perhaps), not deleted with the folder.
-func (r *Repository) letGo(ctx context.Context, name string) error {
-	rec, err := r.node.Versions(ctx, name)
-	if errdefs.KindOf(err) == errdefs.KindNotFound {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	var before *api.Version
-	for i := range rec.Versions {
-		if rec.Versions[i].Label != "" {
-			break
-		}
-		before = &rec.Versions[i]
-	}
-	if before == nil {
-		if err := r.node.Delete(ctx, name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
-			return err
-		}
-		return nil
-	}
-	if _, err := r.node.Rollback(ctx, name, before.ID); err != nil {
-		return fmt.Errorf("making %s's version %s, deployed before the folder's, current again: %w", name, before.ID, err)
-	}
-	done := map[string]bool{}
-	for _, v := range rec.Versions {
-		if v.Label != "" && !done[v.Label] {
-			done[v.Label] = true
-			if err := r.node.Unlabel(ctx, name, v.Label); err != nil {
-				return err
-			}
-		}
-	}
-	r.cfg.Log.Warn("model repository: its function had a version deployed otherwise before the folder's: made current again, not deleted", "model", name, "version", before.ID)
 	return nil
 }
 
