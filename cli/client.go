@@ -49,8 +49,8 @@ func checkServerURL(s string) error {
 	if !strings.Contains(raw, "://") {
 		raw = "http://" + raw
 	}
-	if hasUserInfo(raw) {
-		return errUserInfo // first: every other refusal echoes the value
+	if strings.Contains(raw, "@") {
+		return errUserInfo // first, unechoed: a password with a / in it ends the authority before its @
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -81,18 +81,7 @@ func checkServerURL(s string) error {
 // errUserInfo refuses a server URL with a user or password: the server
 // takes a token, so they would be sent to no one, and printed in every
 // error that names the server.
-var errUserInfo = errors.New("a user or password in it: the server takes a token (--token or $PLOVER_TOKEN), not credentials in the URL")
-
-// hasUserInfo reports whether raw, a URL with a scheme, has an @ in its
-// authority (a user or password), read without parsing the rest, which
-// may not parse.
-func hasUserInfo(raw string) bool {
-	_, rest, _ := strings.Cut(raw, "://")
-	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-		rest = rest[:i]
-	}
-	return strings.Contains(rest, "@")
-}
+var errUserInfo = errors.New("an @ in it, a user or password: the server takes a token (--token or $PLOVER_TOKEN), not credentials in the URL")
 
 // client talks to a plover server's HTTP API.
 type client struct {

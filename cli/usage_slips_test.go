@@ -29,13 +29,14 @@ func TestServerURLMalformedIsUsage(t *testing.T) {
 		{"invoke", nil, []string{"invoke", "f", "--server", "tcp://h:1"}, `--server "tcp://h:1"`},
 		{"bench", nil, []string{"bench", "f", "--size", "4", "--server", "tcp://h:1"}, `--server "tcp://h:1"`},
 		// Credentials, which the server does not take, refused unechoed.
-		{"password", nil, []string{"ls", "--server", "http://alice:hunter2@127.0.0.1:1"}, `--server: a user or password in it`},
-		{"user", map[string]string{"PLOVER_SERVER": "http://alice@h:1"}, []string{"ls"}, `$PLOVER_SERVER: a user or password in it`},
+		{"password", nil, []string{"ls", "--server", "http://alice:hunter2@127.0.0.1:1"}, `--server: an @ in it`},
+		{"user", map[string]string{"PLOVER_SERVER": "http://alice@h:1"}, []string{"ls"}, `$PLOVER_SERVER: an @ in it`},
 		// Before any other refusal, which would echo the value.
-		{"password, a query", nil, []string{"ls", "--server", "http://u:hunter2@h/?q"}, `--server: a user or password in it`},
-		{"password, a scheme", nil, []string{"ls", "--server", "ftp://u:hunter2@h"}, `--server: a user or password in it`},
-		{"password, no host", nil, []string{"ls", "--server", "http://u:hunter2@:8080"}, `--server: a user or password in it`},
-		{"password, unparsed", nil, []string{"ls", "--server", "http://u:hunter2@h:8080/%zz"}, `--server: a user or password in it`},
+		{"password, a query", nil, []string{"ls", "--server", "http://u:hunter2@h/?q"}, `--server: an @ in it`},
+		{"password, a scheme", nil, []string{"ls", "--server", "ftp://u:hunter2@h"}, `--server: an @ in it`},
+		{"password, no host", nil, []string{"ls", "--server", "http://u:hunter2@:8080"}, `--server: an @ in it`},
+		{"password, unparsed", nil, []string{"ls", "--server", "http://u:hunter2@h:8080/%zz"}, `--server: an @ in it`},
+		{"password with a slash", nil, []string{"ls", "--server", "http://u:hunter2/x@h:1"}, `--server: an @ in it`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

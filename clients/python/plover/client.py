@@ -240,9 +240,10 @@ def _check_url(url):
     """The server's base URL, checked as the CLI checks --server: http or
     https, a host, no query or fragment."""
     u = urllib.parse.urlsplit(url)
-    if "@" in u.netloc:
-        # First, and not echoed: it may hold a password.
-        raise ValueError("server URL: a user or password in it: the server takes a token (token= or $PLOVER_TOKEN), not credentials in the URL")
+    if "@" in url:
+        # First, and not echoed: it may hold a password (one with a / in
+        # it ends the URL's authority before its @).
+        raise ValueError("server URL: an @ in it, a user or password: the server takes a token (token= or $PLOVER_TOKEN), not credentials in the URL")
     if u.scheme not in ("http", "https"):
         raise ValueError("server URL %r: want http:// or https://, not %s://" % (url, u.scheme))
     if not u.hostname:

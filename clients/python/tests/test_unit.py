@@ -625,7 +625,7 @@ class Defaults(unittest.TestCase):
                 plover.Client(bad)
         # Credentials in the URL would be sent to no one but printed in
         # every error: refused, and not echoed.
-        for bad in ("http://alice:hunter2@h:8080", "ftp://u:hunter2@h", "http://u:hunter2@:8080", "http://u:hunter2@h/?q"):
+        for bad in ("http://alice:hunter2@h:8080", "ftp://u:hunter2@h", "http://u:hunter2@:8080", "http://u:hunter2@h/?q", "http://u:hunter2/x@h:1", "http://u:hun?ter2@h:1"):
             with self.assertRaises(ValueError, msg=bad) as cm:
                 plover.Client(bad)
             self.assertNotIn("hunter2", str(cm.exception), bad)
