@@ -3,6 +3,7 @@ package registry
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"slices"
 	"strings"
@@ -99,7 +100,16 @@ func TestUnlabelAfterALostAnswerCountsWhatItTookOff(t *testing.T) {
 			store := &lostAnswer{Store: newFS(t)}
 			g := Registry{Store: store}
 			ctx := context.Background()
-			ids := publishLabelled(t, &g, tt.labels...)
+			var ids []string
+			for i, l := range tt.labels {
+				body := fmt.Sprintf("bundle %d", i)
+				p, err := g.PublishWith(ctx, &abi.Manifest{Name: "fn", Priority: "default"}, strings.NewReader(body),
+					bundle.Digest([]byte(body)), int64(len(body)), PublishOptions{Label: l})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ids = append(ids, p.Version.ID)
+			}
 			store.armed.Store(tt.lost)
 			current, n, err := g.Unlabel(ctx, "fn", tt.label)
 			if tt.again {

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/errdefs"
 )
 
@@ -28,54 +26,11 @@ func (r *Repository) remove(ctx context.Context, m *model) error {
 	if !ours {
 		return nil
 	}
-	if err := r.letGo(ctx, m.name); err != nil {
+	if err := r.node.Delete(ctx, m.name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
 		r.cfg.Log.Warn("model repository: a removed folder's function could not be deleted", "model", m.name, "error", err)
 		return err
 	}
 	r.cfg.Log.Info("model repository: removed", "model", m.name)
-	return nil
-}
-
-// letGo ends the repository's hold on name's function, whose current
-// version is a folder's: it is deleted, unless the repository took the
-// name over from a function made otherwise (plover deploy; the store
-// marks the first version it deployed over one, api.Version.Over) whose
-// version is still listed: that one is made current again and the
-// folders' labels are taken off, the function left as it was before, its
-// owner's (another tenant's, perhaps), not deleted with the folder.
-func (r *Repository) letGo(ctx context.Context, name string) error {
-	rec, err := r.node.Versions(ctx, name)
-	if errdefs.KindOf(err) == errdefs.KindNotFound {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	var back string
-	for _, v := range rec.Versions { // the last take-over
-		if v.Over != "" {
-			back = v.Over
-		}
-	}
-	if back == "" || !slices.ContainsFunc(rec.Versions, func(v api.Version) bool { return v.ID == back }) {
-		if err := r.node.Delete(ctx, name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
-			return err
-		}
-		return nil
-	}
-	if _, err := r.node.Rollback(ctx, name, back); err != nil {
-		return fmt.Errorf("making %s's version %s, current before the repository took the name over, current again: %w", name, back, err)
-	}
-	done := map[string]bool{}
-	for _, v := range rec.Versions {
-		if v.Label != "" && !done[v.Label] {
-			done[v.Label] = true
-			if err := r.node.Unlabel(ctx, name, v.Label); err != nil {
-				return fmt.Errorf("taking label %s off %s's versions, given back: %w", v.Label, name, err)
-			}
-		}
-	}
-	r.cfg.Log.Warn("model repository: the function the folder took over is given back, not deleted: its version from before is current again", "model", name, "version", back)
 	return nil
 }
 
