@@ -3,7 +3,6 @@ package registry
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"slices"
 	"strings"
@@ -100,16 +99,7 @@ func TestUnlabelAfterALostAnswerCountsWhatItTookOff(t *testing.T) {
 			store := &lostAnswer{Store: newFS(t)}
 			g := Registry{Store: store}
 			ctx := context.Background()
-			var ids []string
-			for i, l := range tt.labels {
-				body := fmt.Sprintf("bundle %d", i)
-				p, err := g.PublishWith(ctx, &abi.Manifest{Name: "fn", Priority: "default"}, strings.NewReader(body),
-					bundle.Digest([]byte(body)), int64(len(body)), PublishOptions{Label: l})
-				if err != nil {
-					t.Fatal(err)
-				}
-				ids = append(ids, p.Version.ID)
-			}
+			ids := publishLabelled(t, &g, tt.labels...)
 			store.armed.Store(tt.lost)
 			current, n, err := g.Unlabel(ctx, "fn", tt.label)
 			if tt.again {

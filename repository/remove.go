@@ -14,8 +14,9 @@ import (
 
 // remove deletes a removed folder's function; requests in flight finish.
 // A function a pipeline runs is not deleted (409, as plover rm without
-// --force): it stays, UNAVAILABLE with the reason, until the pipeline goes.
-// One whose current version a plover deploy replaced since (no folder's
+// --force): it stays, UNAVAILABLE with the reason, until the pipeline goes;
+// nor is one the folder took over from a plover deploy (deleteOurs). One
+// whose current version a plover deploy replaced since (no folder's
 // label) is left alone: it is no longer the repository's.
 func (r *Repository) remove(ctx context.Context, m *model) error {
 	ours, err := r.stillOurs(ctx, m.name)
@@ -26,11 +27,38 @@ func (r *Repository) remove(ctx context.Context, m *model) error {
 	if !ours {
 		return nil
 	}
-	if err := r.node.Delete(ctx, m.name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
+	if err := r.deleteOurs(ctx, m.name); err != nil {
 		r.cfg.Log.Warn("model repository: a removed folder's function could not be deleted", "model", m.name, "error", err)
 		return err
 	}
 	r.cfg.Log.Info("model repository: removed", "model", m.name)
+	return nil
+}
+
+// deleteOurs deletes name's function, whose current version is a
+// folder's, unless the folder took the name over from a function made
+// otherwise (a plover deploy; the store marks the version that did,
+// api.Version.Over): its earlier versions are not the repository's, and
+// perhaps another tenant's, so it is refused (409, as a function a
+// pipeline runs), the function serving on, until its owner rolls it back
+// or deletes it. A function made by the repository, whose versions it
+// unlabels itself as their folders go, has no mark.
+func (r *Repository) deleteOurs(ctx context.Context, name string) error {
+	rec, err := r.node.Versions(ctx, name)
+	if errdefs.KindOf(err) == errdefs.KindNotFound {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, v := range rec.Versions {
+		if v.Over != "" {
+			return errdefs.New(errdefs.KindConflict, nil, "function %s was deployed otherwise (plover deploy) before its folder took it over, so it is not the repository's to delete; it serves on: plover rollback %s %s gives it back its version from before, plover rm %s deletes it", name, name, v.Over, name)
+		}
+	}
+	if err := r.node.Delete(ctx, name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
+		return err
+	}
 	return nil
 }
 
