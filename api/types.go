@@ -170,12 +170,12 @@ type Version struct {
 	// folder ("2"), which /v2/models/NAME/versions/2 names. Empty for a
 	// plover deploy.
 	Label string `json:"label,omitempty"`
-	// Over is, for the first version a model repository deployed over a
-	// function made otherwise (a plover deploy; its record then had no
-	// labelled version), the version current before it: the repository
-	// does not delete such a function when its folder goes (its earlier
-	// versions are someone else's), but leaves it to its owner. Kept when
-	// the label is taken off.
+	// Over is, for a version a model repository deployed while a version
+	// made otherwise was current (a plover deploy, a rollback to an
+	// unlabelled version), that version: the repository does not delete
+	// a function with such a version when its folder goes (its other
+	// versions may be someone else's), but leaves it to its owner. Kept
+	// when the label is taken off.
 	Over string `json:"over,omitempty"`
 	// Tenant is whose function the version is: the name of the token
 	// that deployed it (never the token itself); empty without an auth

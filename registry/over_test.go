@@ -11,11 +11,10 @@ import (
 	"github.com/plover-run/plover/bundle"
 )
 
-// The first labelled version published over a function whose record has
-// no labelled version (a model repository taking over a plover deploy)
-// records the version current before it (Over); no other version does: a
-// record the repository began, or one whose labels it took off itself,
-// has none.
+// A labelled version published while an unlabelled one is current (a model
+// repository taking over a plover deploy, or a hot-fix over its own)
+// records that version (Over); no other does: a record the repository
+// began, or one whose labels it took off itself, has none.
 func TestOverMarksATakeOverOnly(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -27,7 +26,7 @@ func TestOverMarksATakeOverOnly(t *testing.T) {
 		{"the repository's own", []string{"1", "2"}, []int{-1, -1}, ""},
 		{"the repository's own, a label taken off", []string{"1", "2", "3"}, []int{-1, -1, -1}, "1"},
 		{"plover deploys only", []string{"", ""}, []int{-1, -1}, ""},
-		{"a hot-fix over the repository's", []string{"1", "", "2"}, []int{-1, -1, -1}, ""},
+		{"a hot-fix over the repository's", []string{"1", "", "2"}, []int{-1, -1, 1}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := Registry{Store: newFS(t)}

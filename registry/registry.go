@@ -448,8 +448,8 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 		if m.Priority != "default" {
 			v.Priority = m.Priority
 		}
-		if label != "" && r.Current != "" && !slices.ContainsFunc(r.Versions, func(v api.Version) bool { return v.Label != "" }) {
-			v.Over = r.Current // a model repository takes over a function made otherwise
+		if cv, err := r.CurrentVersion(); label != "" && err == nil && cv.Label == "" {
+			v.Over = cv.ID // a model repository takes over a version made otherwise
 		}
 		r.Versions = append(r.Versions, v)
 		p.Version, p.Current = v, !o.Aside || r.Current == ""

@@ -36,13 +36,13 @@ func (r *Repository) remove(ctx context.Context, m *model) error {
 }
 
 // deleteOurs deletes name's function, whose current version is a
-// folder's, unless the folder took the name over from a function made
-// otherwise (a plover deploy; the store marks the version that did,
-// api.Version.Over): its earlier versions are not the repository's, and
+// folder's, unless a folder's version was made current over one made
+// otherwise (a plover deploy; the store marks the version that was,
+// api.Version.Over): its other versions may not be the repository's, and
 // perhaps another tenant's, so it is refused (409, as a function a
 // pipeline runs), the function serving on, until its owner rolls it back
-// or deletes it. A function made by the repository, whose versions it
-// unlabels itself as their folders go, has no mark.
+// or deletes it. A function made by the repository alone, whose versions
+// it unlabels itself as their folders go, has no mark.
 func (r *Repository) deleteOurs(ctx context.Context, name string) error {
 	rec, err := r.node.Versions(ctx, name)
 	if errdefs.KindOf(err) == errdefs.KindNotFound {
@@ -51,10 +51,14 @@ func (r *Repository) deleteOurs(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	for _, v := range rec.Versions {
+	var over string
+	for _, v := range rec.Versions { // the last take-over
 		if v.Over != "" {
-			return errdefs.New(errdefs.KindConflict, nil, "function %s was deployed otherwise (plover deploy) before its folder took it over, so it is not the repository's to delete; it serves on: plover rollback %s %s gives it back its version from before, plover rm %s deletes it", name, name, v.Over, name)
+			over = v.Over
 		}
+	}
+	if over != "" {
+		return errdefs.New(errdefs.KindConflict, nil, "function %s had a version deployed otherwise (plover deploy) current when its folder took it over (%s, the last time), so it is not the repository's to delete; it serves on: plover rollback %s VERSION gives it back one of its versions (plover versions %s lists them; then unload it again if its folder is still there), plover rm %s deletes it", name, over, name, name, name)
 	}
 	if err := r.node.Delete(ctx, name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
 		return err

@@ -74,7 +74,7 @@ func TestAFunctionTheFolderTookOverIsNotDeleted(t *testing.T) {
 			if err != nil || rec.Current != before.Current {
 				t.Fatalf("cnn after its folder went: %+v, %v; want it kept as it was (%s current)", rec, err, before.Current)
 			}
-			why := "plover rollback cnn " + hand
+			why := "current when its folder took it over (" + hand
 			if tc.unload {
 				if errdefs.KindOf(refusal) != errdefs.KindConflict || !strings.Contains(refusal.Error(), why) {
 					t.Fatalf("the unload: %v; want a 409 saying %q", refusal, why)
