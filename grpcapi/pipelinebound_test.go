@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/grpcapi"
@@ -102,6 +103,32 @@ func TestPipelineInputBoundHidesAStepItsCallerMayNotUse(t *testing.T) {
 		if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "model a-pipe takes at most 65536 (its step 0") ||
 			strings.Contains(st.Message(), "(echo)") != tc.named {
 			t.Errorf("token %s: %v; want InvalidArgument with the bound of step 0, naming echo %v", tc.token, err, tc.named)
+		}
+	}
+}
+
+// A pipeline's step that fails is told by its place and status alone to a
+// token that may not use its function (pipeline.Hidden), over gRPC as over
+// HTTP: not its name nor its function's own words; a token that may use it
+// reads both.
+func TestAHiddenStepsFailureOverGRPC(t *testing.T) {
+	f := serve(t, table{
+		"a":   {Name: "a", Scopes: auth.Invoke, Functions: []string{"a-*"}},
+		"all": {Name: "all", Scopes: auth.Invoke, Functions: []string{"*"}},
+	})
+	failing := testkit.Manifest("b-fails")
+	failing.Chain = []abi.Launch{{Kernel: "fail", Grid: 1, Block: 1}}
+	testkit.Deploy(t, f.e, testkit.BundleDir(t, failing, nil))
+	testkit.Deploy(t, f.e, testkit.PipelineDir(t, "a-failing", "echo", "b-fails"))
+	for _, tc := range []struct {
+		token string
+		named bool
+	}{{"a", false}, {"all", true}} {
+		_, err := f.client.ModelInfer(withToken(ctxT(t), tc.token), oneByte("a-failing"))
+		st, _ := status.FromError(err)
+		named := strings.Contains(st.Message(), "b-fails") || strings.Contains(st.Message(), "asked to fail")
+		if st.Code() != codes.Internal || !strings.Contains(st.Message(), "step 1") || named != tc.named {
+			t.Errorf("token %s: %v; want Internal saying step 1, naming the step and its error %v", tc.token, err, tc.named)
 		}
 	}
 }
