@@ -311,6 +311,8 @@ class AgainstStub(unittest.TestCase):
         # clients do: the proxy would read the token and could not reach it.
         os.environ.pop("no_proxy")
         for host in ("127.0.0.1", "localhost", "[::1]"):
+            # The stub is the proxy: a request through it would be one more
+            # it saw; straight to port 1, the client finds nobody there.
             seen = len(Stub.requests)
             with plover.Client("http://%s:1" % host, token="t", timeout=5) as c:
                 with self.assertRaises(PloverError, msg=host) as cm:
