@@ -21,10 +21,7 @@ func (c *Control) Logs(ctx context.Context, name string, since time.Time, follow
 		return nil, nil, notFound(name, nil, "")
 	}
 	was := c.e.tab.followed.remembered(name) // before the read: see follow
-	var cur *version                         // before the read: see endIfEarlier
-	if f := c.e.tab.function(name); f != nil {
-		cur = c.e.tab.currentOf(f)
-	}
+	_, cur := c.e.tab.peek(name)             // before the read: see endIfEarlier
 	rec, err := c.e.tab.record(ctx, name)
 	if err != nil {
 		return nil, nil, err

@@ -95,13 +95,25 @@ func (e *NoFunction) Error() string {
 // and a client is answered with it, a log line written with it.
 func QuoteName(name string) string {
 	if len(name) > 64 {
-		n := 64
-		for n > 60 && !utf8.RuneStart(name[n]) { // not inside a character: Quote would show its bytes as \x escapes
-			n--
-		}
-		return strconv.Quote(name[:n]) + "..."
+		return strconv.Quote(Head(name, 64)) + "..."
 	}
 	return strconv.Quote(name)
+}
+
+// Head is s's first n bytes, or fewer (at most 3) so as not to end inside
+// a UTF-8 character, which a quote would show as \x escapes and a span
+// exporter might refuse; s itself where it is no longer. It shares s's
+// memory: a caller that keeps it past s's request copies it.
+func Head(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for k := n; k > n-4 && k > 0; k-- {
+		if utf8.RuneStart(s[k]) {
+			return s[:k]
+		}
+	}
+	return s[:n]
 }
 
 // KeptName is name, a request's, as kept past it in a log field, a span

@@ -30,3 +30,27 @@ func TestQuoteName(t *testing.T) {
 		t.Errorf("NoFunction's message for a 1 MiB name is %d bytes", n)
 	}
 }
+
+// Head cuts at most n bytes, never inside a character where the string
+// is UTF-8.
+func TestHead(t *testing.T) {
+	for _, tc := range []struct {
+		s    string
+		n    int
+		want string
+	}{
+		{"abc", 5, "abc"},
+		{"abc", 3, "abc"},
+		{"abcd", 3, "abc"},
+		{"ab€", 3, "ab"},   // € is 3 bytes: cut before it
+		{"ab€", 4, "ab"},   // inside it
+		{"ab€d", 5, "ab€"}, // after it
+		{"😀😀", 5, "😀"},     // a 4-byte character
+		{"😀😀", 7, "😀"},
+		{"", 0, ""},
+	} {
+		if got := Head(tc.s, tc.n); got != tc.want {
+			t.Errorf("Head(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.want)
+		}
+	}
+}

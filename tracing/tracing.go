@@ -32,7 +32,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/errdefs"
@@ -446,9 +445,5 @@ func keptMessage(msg string) string {
 	if len(msg) <= maxMessage {
 		return msg
 	}
-	n := maxMessage
-	for n > maxMessage-4 && !utf8.RuneStart(msg[n]) {
-		n--
-	}
-	return msg[:n] + "... (" + strconv.Itoa(len(msg)) + " bytes)"
+	return errdefs.Head(msg, maxMessage) + "... (" + strconv.Itoa(len(msg)) + " bytes)"
 }
