@@ -19,6 +19,13 @@ type need struct {
 	scope auth.Scope
 	fn    call.Name // the path's bytes, borrowed
 	open  bool
+	// shows: open to a caller that sends no token (a probe); one that
+	// sends one is admitted as any route's caller (known, within its
+	// limits: scope 0), since what the route shows depends on the token
+	// (/healthz: Gate.Reads). Answered open, it told anyone whether a
+	// token was valid, uncounted and unlogged, and let a token past its
+	// rate poll the devices' state (a review's probe).
+	shows bool
 }
 
 var (
@@ -32,7 +39,9 @@ var (
 // then gets its 404), so an unauthenticated client learns nothing of it.
 func required(method, path []byte) need {
 	switch {
-	case bytes.Equal(path, pathHealthz), bytes.Equal(path, pathReadyz):
+	case bytes.Equal(path, pathHealthz):
+		return need{open: true, shows: true}
+	case bytes.Equal(path, pathReadyz):
 		return need{open: true}
 	case bytes.HasPrefix(path, []byte("/v2/health/")), bytes.Equal(path, pathV2), bytes.Equal(path, []byte("/v2/")):
 		return need{open: true} // probes and server metadata, as /healthz
@@ -79,11 +88,12 @@ func required(method, path []byte) need {
 // when the request ends (the token's concurrency).
 func (s *Server) authorize(ctx *fasthttp.RequestCtx) (gate.Ticket, bool) {
 	n := required(ctx.Method(), ctx.Path())
-	if n.open {
+	authorization := ctx.Request.Header.PeekBytes(hdrAuthorization)
+	if n.open && (!n.shows || len(authorization) == 0) {
 		return gate.Ticket{}, true
 	}
 	// The name is only matched against globs, not kept: no copy.
-	tk, r := s.gate.Admit(ctx.Request.Header.PeekBytes(hdrAuthorization), n.scope, n.fn.Borrow())
+	tk, r := s.gate.Admit(authorization, n.scope, n.fn.Borrow())
 	if r != nil {
 		s.refuse(ctx, r)
 		return tk, false

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/plover-run/plover/auth"
@@ -15,15 +16,39 @@ import (
 // /healthz is open to probes, but with tokens it tells a caller without a
 // token of the read scope only each device's name and health: its memory,
 // pinned bytes and error follow other tenants' loads and cold starts.
-// Before, anyone who reached the port read them (a review's probe).
+// Before, anyone who reached the port read them (a review's probe). A
+// caller that sends a token is admitted as any route's caller: one the
+// server does not know is 401 (answered open, the two views told anyone
+// whether a token was valid, with no trace), one past its rate 429 (it
+// polled the devices' state past its limits).
 func TestAnOpenProbeReadsNoDeviceMemory(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
-	tab, toks := newTokens(t, tokenSpec{"dash", auth.Read, nil}, tokenSpec{"app", auth.Invoke, nil})
+	toks := map[string]string{}
+	var lines []string
+	for _, tk := range []struct {
+		name   string
+		scopes auth.Scope
+		limits auth.Limits
+	}{{"dash", auth.Read, auth.Limits{}}, {"app", auth.Invoke, auth.Limits{}}, {"slow", auth.Read, auth.Limits{Rate: 0.001, Burst: 1}}} {
+		tok, err := auth.NewToken()
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks[tk.name] = tok
+		lines = append(lines, auth.Line(tk.name, tk.scopes, auth.Hash(tok), nil, tk.limits))
+	}
+	unknown, _ := auth.NewToken()
+	toks["unknown"] = unknown
+	tab, err := auth.Parse(strings.NewReader(strings.Join(lines, "\n")+"\n"), "tokens")
+	if err != nil {
+		t.Fatal(err)
+	}
 	url := testkit.ServeTokens(t, e, tab, httpapi.Options{})
 	for _, tc := range []struct {
 		token  string
+		code   int
 		memory bool
-	}{{"", false}, {"app", false}, {"dash", true}} {
+	}{{"", 200, false}, {"app", 200, false}, {"dash", 200, true}, {"slow", 200, true}, {"slow", 429, false}, {"unknown", 401, false}} {
 		req, _ := http.NewRequest("GET", url+"/healthz", nil)
 		if tc.token != "" {
 			req.Header.Set("Authorization", "Bearer "+toks[tc.token])
@@ -34,11 +59,20 @@ func TestAnOpenProbeReadsNoDeviceMemory(t *testing.T) {
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		if resp.StatusCode != tc.code {
+			t.Fatalf("token %q: %d %s, want %d", tc.token, resp.StatusCode, body, tc.code)
+		}
+		if tc.code != 200 {
+			if strings.Contains(string(body), "devices") {
+				t.Errorf("token %q: refused %d, but told the devices: %s", tc.token, tc.code, body)
+			}
+			continue
+		}
 		var h struct {
 			Status  string           `json:"status"`
 			Devices []map[string]any `json:"devices"`
 		}
-		if err := json.Unmarshal(body, &h); err != nil || resp.StatusCode != 200 || h.Status != "ok" || len(h.Devices) != 1 {
+		if err := json.Unmarshal(body, &h); err != nil || h.Status != "ok" || len(h.Devices) != 1 {
 			t.Fatalf("token %q: %d %s (%v)", tc.token, resp.StatusCode, body, err)
 		}
 		d := h.Devices[0]
