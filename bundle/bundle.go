@@ -362,8 +362,10 @@ func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault, parse 
 		if err != nil && in.err != nil {
 			return nil, fmt.Errorf("unpack: reading the archive: %w", in.err)
 		}
-		if errors.Is(err, zstd.ErrWindowSizeExceeded) {
-			return nil, refuse("its zstd window is over 64 MiB: pack it with plover deploy, or zstd without --long past 26")
+		// A single-segment frame's window is its whole content, refused
+		// past the bound as ErrDecoderSizeExceeded.
+		if errors.Is(err, zstd.ErrWindowSizeExceeded) || errors.Is(err, zstd.ErrDecoderSizeExceeded) {
+			return nil, refuse("its zstd window is over 64 MiB: pack it with plover deploy, or zstd with a window of at most 64 MiB (no --long past 26, no --ultra -22)")
 		}
 		if err != nil {
 			return nil, refuse("corrupt archive: %v", err)

@@ -384,3 +384,30 @@ func TestUnpackRefusesAnEntryItsDiskHasNoRoomFor(t *testing.T) {
 		t.Errorf("w.bin was created (%v)", err)
 	}
 }
+
+// A frame that declares its whole content as its window (zstd marks one
+// single-segment whenever its window is at least the input: --long=27, or
+// --ultra -20 and past, on a tar over 64 MiB) is refused for its window,
+// as one that names a window past 64 MiB is, not as a corrupt archive (a
+// review's probe): the archive is valid, the decoder's memory bound
+// refuses it.
+func TestUnpackNamesAWholeContentWindow(t *testing.T) {
+	var tb bytes.Buffer
+	tw := tar.NewWriter(&tb)
+	for _, e := range []entry{{name: abi.ManifestFile, body: manifestJSON(t, "w.bin")}, {name: "lib.so", body: []byte("\x7fELF...")}, {name: "w.bin", body: make([]byte, 65<<20)}} {
+		if err := tw.WriteHeader(&tar.Header{Name: e.name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(e.body))}); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write(e.body)
+	}
+	tw.Close()
+	zw, err := zstd.NewWriter(nil, zstd.WithSingleSegment(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := zw.EncodeAll(tb.Bytes(), nil)
+	_, err = Unpack(bytes.NewReader(data), t.TempDir(), 1<<30)
+	if err == nil || !strings.Contains(err.Error(), "zstd window") || strings.Contains(err.Error(), "corrupt") {
+		t.Fatalf("Unpack of a 65 MiB single-segment frame: %v, want its window refused", err)
+	}
+}
