@@ -290,16 +290,9 @@ func (c codec) slotOutputs(msg mem.BufferSlice, raw [][]byte, land *lent, conn *
 // to gRPC-Go's pool once it has written them, bounded as an answer written
 // from its slot is: a client that does not read a large answer holds it
 // in the server's memory otherwise for as long as it keeps its
-// connection. Until then it holds its bytes of the body budget, as an
-// HTTP answer in the server's memory does, taken past it: the answer is
-// made and owed.
+// connection.
 func (c codec) heldCopy(msg mem.BufferSlice, conn *turnConn, model string) mem.BufferSlice {
-	p := pooled{msg: msg, budget: c.s.opts.BodyBudget}
-	if p.budget != nil {
-		p.held = int64(msg.Len())
-		p.budget.TakePast(p.held)
-	}
-	refs := c.hold(&lent{Landing: p}, conn, model)
+	refs := c.hold(&lent{Landing: pooled{msg}}, conn, model)
 	defer refs.Put(nil)
 	out := make(mem.BufferSlice, 0, len(msg))
 	for _, b := range msg {
@@ -315,25 +308,13 @@ func (c codec) heldCopy(msg mem.BufferSlice, conn *turnConn, model string) mem.B
 }
 
 // pooled is an answer's encoding in gRPC-Go's buffers, lent to it as a
-// slot is (heldCopy), and given back to their pool, and its held bytes to
-// the budget. lent calls Release or Discard once.
-type pooled struct {
-	msg    mem.BufferSlice
-	budget Budget
-	held   int64
-}
+// slot is (heldCopy), and given back to their pool.
+type pooled struct{ msg mem.BufferSlice }
 
 func (p pooled) Input() []byte  { return nil }
 func (p pooled) Output() []byte { return nil }
-func (p pooled) Release()       { p.give() }
-func (p pooled) Discard()       { p.give() }
-
-func (p pooled) give() {
-	p.msg.Free()
-	if p.held > 0 {
-		p.budget.ReleasePast(p.held)
-	}
-}
+func (p pooled) Release()       { p.msg.Free() }
+func (p pooled) Discard()       { p.msg.Free() }
 
 // hold is the pool of the buffers of an answer of model's over land on
 // conn, holding one reference (its caller's, to Put once the buffers are

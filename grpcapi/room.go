@@ -16,10 +16,6 @@ type Budget interface {
 	TryAcquire(n int64) bool
 	Acquire(ctx context.Context, n int64) error
 	Release(n int64)
-	// TakePast takes n bytes whether or not they fit, ReleasePast gives
-	// them back: an answer copied out (heldCopy), made and owed.
-	TakePast(n int64)
-	ReleasePast(n int64)
 	// InUse is the bytes held now, Max the budget's size (0: unlimited).
 	InUse() int64
 	Max() int64

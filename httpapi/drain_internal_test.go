@@ -260,7 +260,7 @@ func TestDrainWaitsForAnswersBeingWritten(t *testing.T) {
 	s := &Server{}
 	land := &blockedLanding{out: make([]byte, 16<<20), released: make(chan struct{}), proceed: make(chan struct{})}
 	s.srv = &fasthttp.Server{
-		Handler:      s.conns.handle(func(ctx *fasthttp.RequestCtx) { s.answer(ctx, land.out, land, 0, turns{}) }),
+		Handler:      s.conns.handle(func(ctx *fasthttp.RequestCtx) { s.answer(ctx, land.out, land, turns{}) }),
 		ConnState:    s.conns.state,
 		WriteTimeout: time.Minute,
 	}

@@ -95,6 +95,16 @@ func TestBodyBudget(t *testing.T) {
 	budget := netguard.NewBudget(256 << 10)
 	url := testkit.Serve(t, e, httpapi.Options{BodyBudget: budget, MaxBodyBytes: 1 << 20})
 	addr := strings.TrimPrefix(url, "http://")
+	awaitBudget := func(t *testing.T, what string, ok func(int64) bool) {
+		t.Helper()
+		end := time.Now().Add(10 * time.Second)
+		for !ok(budget.InUse()) {
+			if time.Now().After(end) {
+				t.Fatalf("%s: %d budget bytes in use", what, budget.InUse())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 	chunk := func(s string) string { return fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(s), s) }
 	for _, tt := range []struct{ name, raw string }{
 		{"invoke", "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: 3\r\n\r\nabc"},
@@ -126,7 +136,7 @@ func TestBodyBudget(t *testing.T) {
 			_ = resp
 			// The release happens as the handler returns, just after the
 			// response is written: wait for it.
-			awaitBudget(t, budget, "given back after "+tt.name, func(n int64) bool { return n == 0 })
+			awaitBudget(t, "given back after "+tt.name, func(n int64) bool { return n == 0 })
 		})
 	}
 
@@ -140,9 +150,9 @@ func TestBodyBudget(t *testing.T) {
 		defer hog.Close()
 		fmt.Fprintf(hog, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", 1<<20)
 		hog.Write(make([]byte, 190<<10))
-		awaitBudget(t, budget, "the hog's bytes held", func(n int64) bool { return n >= 190<<10 })
+		awaitBudget(t, "the hog's bytes held", func(n int64) bool { return n >= 190<<10 })
 		hog.Close()
-		awaitBudget(t, budget, "the hog's bytes given back", func(n int64) bool { return n == 0 })
+		awaitBudget(t, "the hog's bytes given back", func(n int64) bool { return n == 0 })
 	})
 
 	t.Run("full budget: 503, then room again", func(t *testing.T) {
@@ -167,7 +177,7 @@ func TestBodyBudget(t *testing.T) {
 			t.Fatalf("with the budget full: %d responses, first %v", len(rs), statusOf(rs))
 		}
 		t.Logf("503 after %v", time.Since(start))
-		awaitBudget(t, budget, "the refused request's bytes given back", func(n int64) bool { return n == held })
+		awaitBudget(t, "the refused request's bytes given back", func(n int64) bool { return n == held })
 		budget.Release(held)
 		released = true
 		if rs := rawExchange(t, addr, "POST /v1/functions/echo/invoke HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nConnection: close\r\nContent-Length: 100000\r\n\r\n"+strings.Repeat("y", 100000)); len(rs) != 1 || rs[0].StatusCode != 200 {

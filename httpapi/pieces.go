@@ -112,12 +112,9 @@ func (t turns) move(mayBlock bool, move func(piece int) (int, error)) (int, erro
 // answerBody is a response of more than bigAnswer bytes (or one in a
 // slot: land), written once fasthttp writes the response: a piece at a
 // time in its function's turns when it has a flow, from the slot its
-// output is in when it has one (released once written or dropped). One in
-// the server's memory holds its buffer's bytes of the body budget (held)
-// until then.
+// output is in when it has one (released once written or dropped).
 type answerBody struct {
 	land call.Landing
-	held int64
 	b    []byte
 	t    turns
 	conn net.Conn
@@ -127,13 +124,12 @@ type answerBody struct {
 
 var answerBodies = sync.Pool{New: func() any { return new(answerBody) }}
 
-// answer makes ctx's response b, released with land, and held bytes of
-// the body budget, once written. Its turns wait until the write timeout,
-// not the request's deadline: the answer is made, and is owed to the
-// client.
-func (s *Server) answer(ctx *fasthttp.RequestCtx, b []byte, land call.Landing, held int64, t turns) {
+// answer makes ctx's response b, released with land once written. Its
+// turns wait until the write timeout, not the request's deadline: the
+// answer is made, and is owed to the client.
+func (s *Server) answer(ctx *fasthttp.RequestCtx, b []byte, land call.Landing, t turns) {
 	ab := answerBodies.Get().(*answerBody)
-	ab.land, ab.held, ab.b, ab.conn, ab.s, ab.ctx = land, held, b, ctx.Conn(), s, ctx
+	ab.land, ab.b, ab.conn, ab.s, ab.ctx = land, b, ctx.Conn(), s, ctx
 	if land != nil {
 		s.conns.answers.Add(1) // until Close: the drain waits for the slot's release
 	}
@@ -143,27 +139,14 @@ func (s *Server) answer(ctx *fasthttp.RequestCtx, b []byte, land call.Landing, h
 	ctx.Response.SetBodyStream(ab, len(b))
 }
 
-// pieceAnswer turns a response fasthttp holds in memory, when it is
-// large, into one written in its request's turns (where it has them) and
-// counted in the body budget until it is written or dropped: an answer in
-// the server's memory (a pipeline's, /v1's JSON, /v2's, a function's not
-// written from its slot) that a client reads slowly, or not at all, holds
-// that memory up to the write timeout, as a body it sends slowly does.
-// Taken past the budget (the run is done: the answer is owed), so that
-// bodies wait for room while answers hold it, not the answers for bodies.
+// pieceAnswer turns a response fasthttp holds in memory, when it is large
+// and its request has turns, into one written in them.
 func (s *Server) pieceAnswer(ctx *fasthttp.RequestCtx, t turns) {
-	budget := s.opts.BodyBudget
 	// IsBodyStream first: Body() would read a stream to its end.
-	if (t.fl == nil && budget == nil) || ctx.Response.IsBodyStream() || len(ctx.Response.Body()) < bigAnswer {
+	if t.fl == nil || ctx.Response.IsBodyStream() || len(ctx.Response.Body()) < bigAnswer {
 		return
 	}
-	b := ctx.Response.SwapBody(nil)
-	var held int64
-	if budget != nil {
-		held = int64(cap(b))
-		budget.TakePast(held)
-	}
-	s.answer(ctx, b, nil, held, t)
+	s.answer(ctx, ctx.Response.SwapBody(nil), nil, t)
 }
 
 // Read serves a writer that does not take WriteTo (none of fasthttp's).
@@ -240,10 +223,6 @@ func (ab *answerBody) write(w io.Writer) (int64, error) {
 
 // Close releases the slot, if any: the response is out (or will never be).
 func (ab *answerBody) Close() error {
-	if ab.held > 0 {
-		ab.s.releaseBody(ab.held)
-		ab.held = 0
-	}
 	if ab.land != nil {
 		defer ab.s.conns.answers.Add(-1) // after the release: the slot is given back (ab.s read now)
 	}

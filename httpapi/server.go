@@ -593,7 +593,7 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange
 		// (an error written later must not land in the slot).
 		ctx.Response.SwapBody(buf)
 		if err == nil && len(out) > 0 {
-			s.answer(ctx, out, land, 0, tn)
+			s.answer(ctx, out, land, tn)
 		} else {
 			land.Release()
 		}
