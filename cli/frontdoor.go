@@ -267,6 +267,16 @@ func mibFlag(name string, v, least int64) error {
 	return fmt.Errorf("--%s %d: want %d to %d MiB", name, v, least, topMiB)
 }
 
+// spoolBudget is --max-spool in bytes (checked by checkServeFlags): where
+// it is 0, 4 times the bundle bound maxBundle, and at least 1 GiB, so that
+// a few deploys spool at once, none of them ever refused for room alone.
+func spoolBudget(mib, maxBundle int64) int64 {
+	if mib > 0 {
+		return mib << 20
+	}
+	return max(4*maxBundle, 1<<30)
+}
+
 // boundPipelines holds run's pipeline requests' step outputs within mib
 // MiB (--max-pipeline-memory, checked by checkServeFlags; 0: no bound), a
 // budget of its own beside --max-body-memory's, which a pipeline request

@@ -36,3 +36,18 @@ func TestMaxBodyMemoryBounds(t *testing.T) {
 		}
 	}
 }
+
+// --max-spool is 4 times --max-body where unset, at least 1 GiB, and as
+// given otherwise.
+func TestSpoolBudget(t *testing.T) {
+	for _, tc := range []struct{ mib, bundle, want int64 }{
+		{0, 256 << 20, 1 << 30},
+		{0, 1 << 30, 4 << 30},
+		{0, 1 << 20, 1 << 30},
+		{512, 256 << 20, 512 << 20},
+	} {
+		if got := spoolBudget(tc.mib, tc.bundle); got != tc.want {
+			t.Errorf("spoolBudget(%d MiB, --max-body %d) = %d, want %d", tc.mib, tc.bundle, got, tc.want)
+		}
+	}
+}

@@ -39,6 +39,8 @@ func TestServeWorkerFlagRefusals(t *testing.T) {
 		{"worker memory past an int64", []string{"--worker-max-memory", "9999999999999999"}, "--worker-max-memory 9999999999999999"},
 		{"negative pinned memory", []string{"--max-pinned-memory", "-1"}, "--max-pinned-memory -1"},
 		{"negative pipeline memory", []string{"--max-pipeline-memory", "-1"}, "--max-pipeline-memory -1: want 0 (no limit) to"},
+		{"spool below the body bound", []string{"--max-spool", "100"}, "--max-spool 100: want 0 (4 times --max-body) or --max-body (256) to"},
+		{"negative spool", []string{"--max-spool", "-1"}, "--max-spool -1: want 0"},
 		{"negative flood runs", []string{"--flood-runs", "-1"}, "--flood-runs -1: want 0 (all runs but the reserve) or more"},
 		{"negative shared runs", []string{"--shared-runs", "-1"}, "--shared-runs -1: want 0 (the device's default) or more"},
 		{"no reserve hold", []string{"--reserve-hold", "0s"}, "--reserve-hold 0s: want a positive duration"},

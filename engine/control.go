@@ -73,13 +73,15 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	if !abi.ValidName(name) {
 		return api.FunctionInfo{}, errorf(errdefs.KindBadRequest, nil, "function name %s must match [a-z0-9][a-z0-9-]{0,62}", errdefs.QuoteName(name))
 	}
+	room := &spoolRoom{e: e, ctx: ctx}
+	defer room.release() // last: once the file is removed
 	tmp, err := os.CreateTemp(e.cfg.SpoolDir, "plover-deploy-*")
 	if err != nil {
 		return api.FunctionInfo{}, e.diskError(name, "spooling", err)
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
-	sha, n, err := e.spool(name, body, tmp)
+	sha, n, err := e.spool(name, body, tmp, room)
 	if err != nil {
 		return api.FunctionInfo{}, err
 	}
@@ -145,14 +147,23 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 // spool copies a deploy's body into tmp, hashing it on the way (the
 // bundle is read once), and returns its sha256 and size: 413 past the
 // node's bound, the transport's class for a failed read (a client gone,
-// a stall's 408), the node's disk error for a failed write.
-func (e *Engine) spool(name string, body io.Reader, tmp *os.File) (string, int64, error) {
+// a stall's 408), the node's disk error for a failed write, 503 (504 at
+// its deadline) for an upload that found no room in the node's spool
+// budget (room: spool.go).
+func (e *Engine) spool(name string, body io.Reader, tmp *os.File, room *spoolRoom) (string, int64, error) {
 	h := sha256.New()
 	sink := &fileutil.Writer{W: io.MultiWriter(e.cfg.WriteFault.Wrap(tmp, tmp.Name()), h)}
+	var dst io.Writer = sink
+	if e.cfg.SpoolBudget != nil {
+		room.w, dst = sink, room
+	}
 	limit, over := e.bundleLimit(name)
-	n, err := io.Copy(sink, io.LimitReader(body, limit+1))
+	n, err := io.Copy(dst, io.LimitReader(body, limit+1))
 	if err != nil && sink.Err != nil { // our disk, not the client
 		return "", 0, e.diskError(name, "spooling", sink.Err)
+	}
+	if errors.Is(err, errSpoolFull) {
+		return "", 0, e.spoolFull(room.ctx, name, n)
 	}
 	if err != nil {
 		// The transport's class where it gave one (a client gone); its own

@@ -44,6 +44,9 @@ type Config struct {
 	// SpoolDir holds uploaded bundles while they are checked (default: the
 	// system's temporary directory).
 	SpoolDir string
+	// SpoolBudget, when set, bounds the bytes of uploads in SpoolDir at
+	// once (plover serve --max-spool; spool.go); nil: no bound.
+	SpoolBudget SpoolBudget
 	// WriteFault, when set, may fail writes to the spool as a full disk
 	// would: a test seam (the cache has its own, bundle.Cache.WriteFault).
 	WriteFault bundle.WriteFault

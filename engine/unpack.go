@@ -47,12 +47,8 @@ func (e *Engine) unpackTurn(ctx context.Context, name string) (func(), error) {
 	select {
 	case s.tok <- struct{}{}:
 	default:
-		wait := ctx
-		if _, ok := ctx.Deadline(); !ok && e.cfg.Timeout > 0 {
-			var cancel context.CancelFunc
-			wait, cancel = context.WithTimeout(ctx, e.cfg.Timeout)
-			defer cancel()
-		}
+		wait, cancel := e.waitFor(ctx)
+		defer cancel()
 		s.waiting.Add(1)
 		select {
 		case s.tok <- struct{}{}:
