@@ -268,11 +268,16 @@ func mibFlag(name string, v, least int64) error {
 }
 
 // spoolBudget is --max-spool in bytes (checked by checkServeFlags): where
-// it is 0, 4 times the bundle bound maxBundle, and at least 1 GiB, so that
-// a few deploys spool at once, none of them ever refused for room alone.
+// it is 0, 4 times the bundle bound maxBundle (at most what an int64
+// holds), and at least 1 GiB, so that a few deploys of the largest
+// bundles spool at once, and a tenant holding its part (all but one
+// bundle: engine/spool.go) leaves others room.
 func spoolBudget(mib, maxBundle int64) int64 {
 	if mib > 0 {
 		return mib << 20
+	}
+	if maxBundle > math.MaxInt64/4 {
+		return math.MaxInt64
 	}
 	return max(4*maxBundle, 1<<30)
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"log/slog"
+	"math"
 	"strings"
 	"testing"
 
@@ -45,6 +46,7 @@ func TestSpoolBudget(t *testing.T) {
 		{0, 1 << 30, 4 << 30},
 		{0, 1 << 20, 1 << 30},
 		{512, 256 << 20, 512 << 20},
+		{0, 1 << 62, math.MaxInt64}, // 4 times it would wrap
 	} {
 		if got := spoolBudget(tc.mib, tc.bundle); got != tc.want {
 			t.Errorf("spoolBudget(%d MiB, --max-body %d) = %d, want %d", tc.mib, tc.bundle, got, tc.want)

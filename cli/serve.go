@@ -169,7 +169,7 @@ func serveCmd() *command {
 			fs.IntVar(&f.maxConns, "max-conns", 0, "open connections at most; more are closed at once (0: derived from the descriptor limit)")
 			fs.IntVar(&f.maxConnsPerClient, "max-conns-per-client", 0, "open connections at most from one client address, so one client cannot hold every slot (0: half of --max-conns; behind a proxy, every connection is the proxy's: raise it)")
 			fs.Int64Var(&f.maxBodyMemMB, "max-body-memory", 1024, "MiB of request bodies (and gRPC inference messages) held in memory at once; past it requests wait up to 5 s, then get 503 (0: no limit)")
-			fs.Int64Var(&f.maxSpoolMB, "max-spool", 0, "MiB of deploys' uploads on the node's disk at once (DATA/spool), taken as they arrive: an upload past it waits, as a deploy waits for its turn to unpack, then gets 503; at least --max-body (0: 4 times --max-body)")
+			fs.Int64Var(&f.maxSpoolMB, "max-spool", 0, "MiB of deploys' uploads on the node's disk at once (DATA/spool), taken as they arrive, a token's at most all but --max-body: an upload past it waits up to --timeout, then gets 503; at least --max-body (0: 4 times --max-body, at least 1024)")
 			fs.Int64Var(&f.maxPipeMemMB, "max-pipeline-memory", 1024, "MiB of pipeline steps' outputs held in memory at once: each pipeline request holds the most its steps' outputs take at once (by their out_bytes) while it runs; past it requests wait up to 5 s, then get 503; a request needing more than all of it runs alone (0: no limit)")
 			fs.StringVar(&f.schedPolicy, "sched-policy", sched.DefaultPolicy, "the order in which queued runs get the device, one of the registered policies: "+strings.Join(sched.Policies(), ", ")+" (wfq: weighted fair by device time within priority classes; fifo: as they came, shares and priorities ignored)")
 			fs.StringVar(&f.evictPolicy, "evict", evict.Default, "what goes first when a device is short of memory, one of the registered policies: "+strings.Join(evict.Names(), ", ")+" (idle instances before programs; lru: least recently used first; largest: the most memory first)")
@@ -463,7 +463,7 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 		Store: n.store, Cache: cache, Devices: n.devs,
 		MinInstances: f.minInstances, MaxInstances: f.maxInstances, MaxQueue: f.maxQueue, IdleTTL: f.idleTTL,
 		Timeout: f.timeout, MaxTimeout: f.maxTimeout, MaxBundleBytes: maxBundle, Log: log, SpoolDir: spool, Sched: sc, Evictor: evictor,
-		SpoolBudget:  netguard.NewBudget(spoolBudget(f.maxSpoolMB, maxBundle)),
+		SpoolBytes:   spoolBudget(f.maxSpoolMB, maxBundle),
 		NamedTenants: f.authFile != "",
 	})
 	if err != nil {

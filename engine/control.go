@@ -73,7 +73,7 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	if !abi.ValidName(name) {
 		return api.FunctionInfo{}, errorf(errdefs.KindBadRequest, nil, "function name %s must match [a-z0-9][a-z0-9-]{0,62}", errdefs.QuoteName(name))
 	}
-	room := &spoolRoom{e: e, ctx: ctx}
+	room := &spoolRoom{e: e, ctx: ctx, tenant: o.Tenant, own: e.spools.of(o.Tenant)}
 	defer room.release() // last: once the file is removed
 	tmp, err := os.CreateTemp(e.cfg.SpoolDir, "plover-deploy-*")
 	if err != nil {
@@ -153,17 +153,17 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 func (e *Engine) spool(name string, body io.Reader, tmp *os.File, room *spoolRoom) (string, int64, error) {
 	h := sha256.New()
 	sink := &fileutil.Writer{W: io.MultiWriter(e.cfg.WriteFault.Wrap(tmp, tmp.Name()), h)}
-	var dst io.Writer = sink
-	if e.cfg.SpoolBudget != nil {
-		room.w, dst = sink, room
-	}
 	limit, over := e.bundleLimit(name)
+	var dst io.Writer = sink
+	if e.spools.all != nil {
+		room.w, room.limit, dst = sink, limit, room
+	}
 	n, err := io.Copy(dst, io.LimitReader(body, limit+1))
 	if err != nil && sink.Err != nil { // our disk, not the client
 		return "", 0, e.diskError(name, "spooling", sink.Err)
 	}
 	if errors.Is(err, errSpoolFull) {
-		return "", 0, e.spoolFull(room.ctx, name, n)
+		return "", 0, e.spoolFull(room, name, n)
 	}
 	if err != nil {
 		// The transport's class where it gave one (a client gone); its own

@@ -44,9 +44,9 @@ type Config struct {
 	// SpoolDir holds uploaded bundles while they are checked (default: the
 	// system's temporary directory).
 	SpoolDir string
-	// SpoolBudget, when set, bounds the bytes of uploads in SpoolDir at
-	// once (plover serve --max-spool; spool.go); nil: no bound.
-	SpoolBudget SpoolBudget
+	// SpoolBytes bounds the bytes of uploads in SpoolDir at once (plover
+	// serve --max-spool; spool.go); 0: no bound.
+	SpoolBytes int64
 	// WriteFault, when set, may fail writes to the spool as a full disk
 	// would: a test seam (the cache has its own, bundle.Cache.WriteFault).
 	WriteFault bundle.WriteFault
@@ -87,6 +87,7 @@ type Engine struct {
 	pollDeadline  time.Duration // a test's bound on Watch's polls; 0: pollLimit
 	aside         asideWarms    // the functions a poll is pre-warming (warmAside)
 	unpacks       *unpackSlots  // the turns to unpack a deploy's bundle (unpackTurn)
+	spools        *spools       // the room for deploys' uploads (spool.go)
 }
 
 // outputKeeper is a device whose functions' output can be kept (a worker
@@ -196,7 +197,7 @@ func New(cfg Config) (*Engine, error) {
 			log.Warn("cached bundle damaged on disk; fetching it from the store again", "sha256", sha[:12], "reason", reason)
 		}
 	}
-	e := &Engine{cfg: cfg, targets: targets, mem: newLedger(), logs: funclog.New(cfg.Log), unpacks: newUnpackSlots()}
+	e := &Engine{cfg: cfg, targets: targets, mem: newLedger(), logs: funclog.New(cfg.Log), unpacks: newUnpackSlots(), spools: newSpools(cfg.SpoolBytes, cfg.MaxBundleBytes)}
 	for _, d := range cfg.Devices {
 		if k, ok := d.(outputKeeper); ok && k.KeepsOutput() {
 			e.keepsLogs = true

@@ -222,3 +222,6 @@ func BatchAllocs(t testing.TB) *[]int64 {
 	t.Cleanup(func() { hookBatchAlloc = func(int64) {} })
 	return &sizes
 }
+
+// SpoolHeld is the bytes deploys' uploads hold of the node's spool budget.
+func (e *Engine) SpoolHeld() int64 { return e.spools.all.InUse() }

@@ -5,20 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
+	"time"
 
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/netguard"
 )
-
-// SpoolBudget is the node's disk for deploys' uploads while they are
-// spooled (netguard.Budget): TryAcquire takes n bytes if they fit now,
-// Acquire waits until they fit or ctx ends, both clamped to Max; Release
-// gives back what one of them took.
-type SpoolBudget interface {
-	TryAcquire(n int64) bool
-	Acquire(ctx context.Context, n int64) error
-	Release(n int64)
-	Max() int64 // 0: unlimited
-}
 
 // An upload holds the bytes it has written to the spool, taken as they
 // arrive, until its deploy ends and its file is removed: without a bound,
@@ -26,57 +18,124 @@ type SpoolBudget interface {
 // node's disk, and every other function's cold starts and deploys failed
 // meanwhile, the unpacks' turns (unpack.go) bounding only what comes
 // after the spool. Taken as written, not from an announced length, a
-// client trickling its upload holds no more than it sent. An upload that
-// finds no room waits, holding what it wrote, no longer than its deploy
-// waits for an unpack turn; then 503.
+// client trickling its upload holds no more than it sent; but it may
+// hold that as long as it keeps sending, so a tenant (a token) takes at
+// most the budget less one bundle (at least one bundle): another
+// tenant's uploads, and the model repository's, always have room for a
+// bundle of --max-body, whatever one tenant's hold. An upload that finds
+// no room waits, holding what it wrote, up to its deadline or, where it
+// has none (an HTTP deploy's), the engine's timeout over the whole
+// upload; then 503 (504 at its deadline).
 
-// spoolRoom is one upload's part of the budget.
+// spools is the node's spool budget and its tenants' parts of it.
+type spools struct {
+	all    *netguard.Budget // nil: no bound
+	share  int64            // what one tenant may hold
+	mu     sync.Mutex
+	tenant map[string]*netguard.Budget
+}
+
+func newSpools(total, bundle int64) *spools {
+	if total <= 0 {
+		return &spools{}
+	}
+	share := min(total, max(total-bundle, bundle))
+	return &spools{all: netguard.NewBudget(total), share: share, tenant: map[string]*netguard.Budget{}}
+}
+
+// of is tenant's part ("": none, the deploys of a node without tokens
+// and the model repository's, held by the whole budget alone).
+func (s *spools) of(tenant string) *netguard.Budget {
+	if tenant == "" || s.all == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.tenant[tenant]
+	if b == nil {
+		b = netguard.NewBudget(s.share)
+		s.tenant[tenant] = b
+	}
+	return b
+}
+
+// spoolRoom is one upload's part of the budget: an io.Writer in front of
+// its spool file.
 type spoolRoom struct {
-	e    *Engine
-	ctx  context.Context
-	w    io.Writer
-	held int64
+	e       *Engine
+	ctx     context.Context
+	w       io.Writer
+	tenant  string
+	own     *netguard.Budget // the tenant's part (nil: none)
+	limit   int64            // the bundle bound: a byte past it is refused (413), not charged
+	held    int64            // of both the node's budget and own
+	until   time.Time        // the end of its waits, from the first (zero: not yet)
+	waitErr error            // the wait that failed: whose room
 }
 
 // errSpoolFull ends a spool's copy whose upload waited its most for room.
 var errSpoolFull = errors.New("no room among the uploads this node spools at once")
 
 func (r *spoolRoom) Write(p []byte) (int, error) {
-	b := r.e.cfg.SpoolBudget
-	n := int64(len(p))
-	if m := b.Max(); m > 0 {
-		n = min(n, m) // as the budget clamps it: Release takes the same
-	}
-	if !b.TryAcquire(n) {
-		wait, cancel := r.e.waitFor(r.ctx)
-		err := b.Acquire(wait, n)
-		cancel()
-		if err != nil {
-			return 0, errSpoolFull
+	if n := min(int64(len(p)), r.limit-r.held); n > 0 {
+		if err := r.take(n); err != nil {
+			return 0, err
 		}
 	}
-	r.held += n
 	return r.w.Write(p)
+}
+
+// take takes n more bytes of the tenant's part and of the node's budget,
+// waiting for them where it must.
+func (r *spoolRoom) take(n int64) error {
+	all := r.e.spools.all
+	if !r.acquire(r.own, n) {
+		r.waitErr = errTenantFull
+		return errSpoolFull
+	}
+	if !r.acquire(all, n) {
+		r.own.ReleasePast(n)
+		return errSpoolFull
+	}
+	r.held += n
+	return nil
+}
+
+// errTenantFull says the wait that failed was for the tenant's part.
+var errTenantFull = errors.New("the tenant's part")
+
+// acquire takes n bytes of b (nil: nothing to take), waiting until the
+// upload's waits end.
+func (r *spoolRoom) acquire(b *netguard.Budget, n int64) bool {
+	if b.TryAcquire(n) {
+		return true
+	}
+	ctx, cancel := r.waitCtx()
+	defer cancel()
+	return b.Acquire(ctx, n) == nil
+}
+
+// waitCtx is the context of the upload's waits: its deadline, or the
+// engine's timeout from its first wait.
+func (r *spoolRoom) waitCtx() (context.Context, context.CancelFunc) {
+	if _, ok := r.ctx.Deadline(); ok || r.e.cfg.Timeout <= 0 {
+		return r.ctx, func() {}
+	}
+	if r.until.IsZero() {
+		r.until = time.Now().Add(r.e.cfg.Timeout)
+	}
+	return context.WithDeadline(r.ctx, r.until)
 }
 
 // release gives back what the upload held: once its file is removed.
 func (r *spoolRoom) release() {
-	if b := r.e.cfg.SpoolBudget; b != nil {
-		m := b.Max()
-		for r.held > 0 {
-			part := r.held
-			if m > 0 {
-				part = min(part, m)
-			}
-			b.Release(part)
-			r.held -= part
-		}
-	}
+	r.own.ReleasePast(r.held)
+	r.e.spools.all.ReleasePast(r.held)
+	r.held = 0
 }
 
-// waitFor is ctx for a deploy's wait for a node's turn or room: its own
-// deadline, or, where it has none (an HTTP deploy's), the engine's
-// request timeout.
+// waitFor is ctx for a deploy's wait for a node's turn: its own deadline,
+// or, where it has none (an HTTP deploy's), the engine's request timeout.
 func (e *Engine) waitFor(ctx context.Context) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); !ok && e.cfg.Timeout > 0 {
 		return context.WithTimeout(ctx, e.cfg.Timeout)
@@ -84,16 +143,21 @@ func (e *Engine) waitFor(ctx context.Context) (context.Context, context.CancelFu
 	return ctx, func() {}
 }
 
-// spoolFull is the error of an upload that waited its most for room in
-// the spool budget, having spooled n bytes: 504 if the request's deadline
-// passed, else 503, which a client may retry.
-func (e *Engine) spoolFull(ctx context.Context, name string, n int64) error {
-	busy := fmt.Sprintf("the uploads this node spools at once hold its %d MiB (plover serve --max-spool)", e.cfg.SpoolBudget.Max()>>20)
-	switch {
+// spoolFull is the error of an upload that waited its most for room, n
+// bytes in: 504 if the request's deadline passed, else 503 with a
+// Retry-After, which a client may retry.
+func (e *Engine) spoolFull(r *spoolRoom, name string, n int64) error {
+	busy := fmt.Sprintf("the uploads this node spools at once hold its %d MiB (plover serve --max-spool)", e.spools.all.Max()>>20)
+	if errors.Is(r.waitErr, errTenantFull) {
+		busy = fmt.Sprintf("the uploads of tenant %s hold its part of the node's spool (%d MiB of plover serve --max-spool)", r.tenant, e.spools.share>>20)
+	}
+	switch ctx := r.ctx; {
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return errorf(errdefs.KindTimeout, ctx.Err(), "deploy %s: the request's deadline passed while its upload waited for room, %d bytes in: %s", name, n, busy)
 	case ctx.Err() != nil:
 		return errorf(errdefs.KindUnavailable, ctx.Err(), "deploy %s: cancelled while its upload waited for room (the server is shutting down, or the client went away)", name)
 	}
-	return errorf(errdefs.KindUnavailable, nil, "deploy %s: its upload waited %v for room, %d bytes in: %s; try again", name, e.cfg.Timeout, n, busy)
+	err := errorf(errdefs.KindUnavailable, nil, "deploy %s: its upload waited %v for room, %d bytes in: %s; try again", name, e.cfg.Timeout, n, busy)
+	err.RetryAt = time.Now().Add(time.Second)
+	return err
 }

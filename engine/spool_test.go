@@ -12,11 +12,10 @@ import (
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
-	"github.com/plover-run/plover/netguard"
 )
 
 // stalledUpload is an upload that sends its first bytes and then stalls
-// until go is closed, when it ends (a cut upload).
+// until cont is closed, when it ends (a cut upload).
 type stalledUpload struct {
 	first []byte
 	cont  chan struct{}
@@ -33,66 +32,116 @@ func (u *stalledUpload) Read(p []byte) (int, error) {
 }
 
 // Deploys' uploads hold what they have spooled of the node's spool
-// budget (--max-spool) until their deploys end: an upload that finds no
-// room waits, up to its deadline (504) or the engine's timeout (503,
-// naming the flag), holding what it wrote, and one that fits once the
-// others are done is spooled and deployed. Before, nothing bounded the
-// uploads spooled at once: a deploy token sending many of --max-body
-// filled the node's disk (a review's trace).
+// budget (--max-spool) until their deploys end, a tenant at most the
+// budget less one bundle: a tenant's stalled upload holds its tenant's
+// other uploads back (503 after the engine's timeout, naming the
+// tenant), never another tenant's bundle; the node's whole budget held,
+// an upload waits up to its deadline (504) or the timeout (503 naming
+// the flag, with a Retry-After); nothing is left held once the deploys
+// have ended. Before, nothing bounded the uploads spooled at once: a
+// deploy token sending many of --max-body filled the node's disk (a
+// review's trace); and a first budget shared by all let one tenant's
+// trickling uploads refuse every other tenant's deploys (the next
+// review's probe).
 func TestUploadsHoldTheSpoolBudget(t *testing.T) {
-	budget := netguard.NewBudget(1 << 20)
-	e := testkit.Engine(t, engine.Config{SpoolBudget: budget, Timeout: 300 * time.Millisecond})
+	const bound = 256 << 10 // --max-body: a tenant may hold 1 MiB less it
+	e := testkit.Engine(t, engine.Config{SpoolBytes: 1 << 20, MaxBundleBytes: bound, Timeout: 300 * time.Millisecond})
 	b, _, m, err := bundle.PackBytes(testkit.BundleDir(t, testkit.Manifest("echo"), nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(b) > 256<<10 {
-		t.Fatalf("the test bundle is %d bytes: the budget's room left is 256 KiB", len(b))
+	if len(b) > 100<<10 {
+		t.Fatalf("the test bundle is %d bytes", len(b))
 	}
-	hog := &stalledUpload{first: make([]byte, 900<<10), cont: make(chan struct{})}
-	hogDone := make(chan error, 1)
-	go func() {
-		_, err := e.Control().Deploy(context.Background(), "hog", hog, false)
-		hogDone <- err
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-hog.cont:
-		default:
-			close(hog.cont)
+	stalled := func(tenant string, n int) (func(), <-chan error) {
+		u := &stalledUpload{first: make([]byte, n), cont: make(chan struct{})}
+		done := make(chan error, 1)
+		go func() {
+			_, err := e.Control().DeployAs(context.Background(), "hog", tenant, u, false)
+			done <- err
+		}()
+		var once bool
+		cont := func() {
+			if !once {
+				once = true
+				close(u.cont)
+			}
 		}
-	})
-	end := time.Now().Add(10 * time.Second)
-	for budget.InUse() < 900<<10 { // the hog's bytes spooled
-		if time.Now().After(end) {
-			t.Fatalf("the stalled upload's spooled bytes are not counted: %d", budget.InUse())
-		}
-		time.Sleep(2 * time.Millisecond)
+		t.Cleanup(cont)
+		return cont, done
 	}
-	big := bytes.Repeat([]byte{1}, 200<<10)
+	garbage := func(n int) io.Reader { return bytes.NewReader(bytes.Repeat([]byte{1}, n)) }
 	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
+
+	// Tenant a holds 750 KiB of its 768 (three uploads under the bound):
+	// its next 100 KiB wait, tenant b's bundle does not.
+	var conts []func()
+	var dones []<-chan error
+	for range 3 {
+		cont, done := stalled("a", 250<<10)
+		conts, dones = append(conts, cont), append(dones, done)
+	}
+	waitHeld(t, e, 750<<10)
+	_, err = e.Control().DeployAs(context.Background(), "more", "a", garbage(100<<10), false)
+	if errdefs.KindOf(err) != errdefs.KindUnavailable || !strings.Contains(err.Error(), "tenant a") || errdefs.RetryAt(err).IsZero() {
+		t.Errorf("tenant a's upload past its part: %v (%v), want 503 naming the tenant, with a retry time", err, errdefs.KindOf(err))
+	}
+	if _, err := e.Control().DeployAs(context.Background(), m.Name, "b", bytes.NewReader(b), false); err != nil {
+		t.Errorf("tenant b's deploy while tenant a holds its part: %v", err)
+	}
+	// The node's budget held (750 KiB of a, 250 of no tenant's): an
+	// upload without a tenant waits for the node's room.
+	cont, done := stalled("", 250<<10)
+	conts, dones = append(conts, cont), append(dones, done)
+	waitHeld(t, e, 1000<<10)
 	for _, tc := range []struct {
 		name string
 		ctx  context.Context
 		kind errdefs.Kind
 	}{{"its deadline passes", short, errdefs.KindTimeout}, {"the engine's timeout", context.Background(), errdefs.KindUnavailable}} {
-		_, err := e.Control().Deploy(tc.ctx, m.Name, bytes.NewReader(append(b[:len(b):len(b)], big...)), false)
+		_, err := e.Control().DeployAs(tc.ctx, "more", "", garbage(100<<10), false)
 		if errdefs.KindOf(err) != tc.kind || !strings.Contains(err.Error(), "--max-spool") {
-			t.Errorf("%s: an upload past the room left: %v (%v), want %v naming --max-spool", tc.name, err, errdefs.KindOf(err), tc.kind)
+			t.Errorf("%s: an upload past the node's room: %v (%v), want %v naming --max-spool", tc.name, err, errdefs.KindOf(err), tc.kind)
 		}
 	}
-	if n := budget.InUse(); n < 900<<10 || n > 1<<20 {
-		t.Errorf("the refused uploads left %d bytes held, want the hog's alone", n)
+	for _, cont := range conts {
+		cont()
 	}
-	close(hog.cont)
-	if err := <-hogDone; err == nil {
-		t.Error("the hog's cut upload deployed")
+	for _, done := range dones {
+		if err := <-done; err == nil {
+			t.Error("a cut upload deployed")
+		}
 	}
-	if n := budget.InUse(); n != 0 {
-		t.Fatalf("%d bytes held once every deploy ended", n)
+	waitHeld(t, e, 0)
+	if _, err := e.Control().DeployAs(context.Background(), m.Name, "a", bytes.NewReader(b), true); err != nil {
+		t.Fatalf("tenant a's deploy with room: %v", err)
 	}
-	if _, err := e.Control().Deploy(context.Background(), m.Name, bytes.NewReader(b), false); err != nil {
-		t.Fatalf("a deploy with room: %v", err)
+}
+
+// A bundle over the node's bound is refused 413 as soon as it passes it,
+// also where the spool budget is the bound: the byte past the bound is
+// not charged (charged, it waited for room it could never have, and got
+// 503 after the timeout: a review's probe).
+func TestAnUploadOverTheBoundIsRefusedAtOnce(t *testing.T) {
+	const bound = 256 << 10
+	e := testkit.Engine(t, engine.Config{SpoolBytes: bound, MaxBundleBytes: bound, Timeout: 5 * time.Second})
+	t0 := time.Now()
+	_, err := e.Control().DeployAs(context.Background(), "big", "a", bytes.NewReader(make([]byte, bound+10)), false)
+	if errdefs.KindOf(err) != errdefs.KindTooLarge || time.Since(t0) > 4*time.Second {
+		t.Fatalf("an upload of the bound and 10 bytes: %v (%v) after %v, want 413 at once", err, errdefs.KindOf(err), time.Since(t0))
+	}
+}
+
+// waitHeld waits until the engine's spool budget holds n bytes or more
+// (0: none at all).
+func waitHeld(t *testing.T, e *engine.Engine, n int64) {
+	t.Helper()
+	end := time.Now().Add(10 * time.Second)
+	for held := e.SpoolHeld(); n == 0 && held != 0 || n > 0 && held < n; held = e.SpoolHeld() {
+		if time.Now().After(end) {
+			t.Fatalf("the spool budget holds %d bytes, want %d", held, n)
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
 }

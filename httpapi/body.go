@@ -27,10 +27,11 @@ import (
 type BodyBudget interface {
 	TryAcquire(n int64) bool
 	Acquire(ctx context.Context, n int64) error
-	Release(n int64)  // at most Max at once
-	TakePast(n int64) // n whether or not they fit (bodyRoom)
-	InUse() int64     // the bytes held now
-	Max() int64       // the budget's size; 0: unlimited
+	Release(n int64)     // at most Max at once
+	TakePast(n int64)    // n whether or not they fit (bodyRoom)
+	ReleasePast(n int64) // what TakePast took, or more than Max
+	InUse() int64        // the bytes held now
+	Max() int64          // the budget's size; 0: unlimited
 }
 
 // budgetWait is how long a request waits for room in the body budget

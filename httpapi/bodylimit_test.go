@@ -160,10 +160,11 @@ func (b slowBudget) Acquire(ctx context.Context, _ int64) error {
 		return ctx.Err()
 	}
 }
-func (slowBudget) Release(int64)  {}
-func (slowBudget) Max() int64     { return 0 }
-func (slowBudget) InUse() int64   { return 1 << 40 }
-func (slowBudget) TakePast(int64) {}
+func (slowBudget) Release(int64)     {}
+func (slowBudget) Max() int64        { return 0 }
+func (slowBudget) InUse() int64      { return 1 << 40 }
+func (slowBudget) TakePast(int64)    {}
+func (slowBudget) ReleasePast(int64) {}
 
 // dialSlowBudget serves echo (8 MiB in and out) with a slowBudget of wait
 // and returns a connection to it.

@@ -171,19 +171,10 @@ func (b *bodyReader) holdOnly(n int64) {
 }
 
 // releaseBody gives back n bytes a body held: in pieces of at most the
-// budget's size, as Release takes them (a body past the budget holds more).
+// budget's size, as Release takes them (a body past the budget holds
+// more).
 func (s *Server) releaseBody(n int64) {
-	budget := s.opts.BodyBudget
-	if budget == nil {
-		return
-	}
-	m := budget.Max()
-	for n > 0 {
-		part := n
-		if m > 0 {
-			part = min(n, m)
-		}
-		budget.Release(part)
-		n -= part
+	if budget := s.opts.BodyBudget; budget != nil {
+		budget.ReleasePast(n)
 	}
 }

@@ -715,6 +715,22 @@ func (b *Budget) TakePast(n int64) {
 	b.mu.Unlock()
 }
 
+// ReleasePast gives back n bytes taken by TakePast (or several Acquires),
+// in pieces of at most Max, as Release takes them.
+func (b *Budget) ReleasePast(n int64) {
+	if b == nil {
+		return
+	}
+	for n > 0 {
+		part := n
+		if b.max > 0 {
+			part = min(n, b.max)
+		}
+		b.Release(part)
+		n -= part
+	}
+}
+
 // Release gives back n bytes taken by Acquire, with the same n, and grants
 // them to the waiters that then fit. Releasing more than is held is a bug
 // in the caller and panics. n <= 0 releases nothing.

@@ -1571,3 +1571,19 @@ func TestTakePastHoldsOthersBack(t *testing.T) {
 		t.Errorf("InUse %d after all given back, want 0", got)
 	}
 }
+
+// ReleasePast gives back what TakePast took past the whole budget (an
+// answer larger than it) in one call, in pieces of at most Max as Release
+// takes them; a nil budget ignores it.
+func TestReleasePastGivesBackMoreThanMax(t *testing.T) {
+	for _, tc := range []struct{ max, n int64 }{{100, 250}, {100, 100}, {100, 7}, {0, 250}} {
+		b := NewBudget(tc.max)
+		b.TakePast(tc.n)
+		b.ReleasePast(tc.n)
+		if got := b.InUse(); got != 0 {
+			t.Errorf("budget %d: InUse %d after %d taken past and given back, want 0", tc.max, got, tc.n)
+		}
+	}
+	var nilBudget *Budget
+	nilBudget.ReleasePast(10)
+}
