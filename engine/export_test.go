@@ -223,5 +223,8 @@ func BatchAllocs(t testing.TB) *[]int64 {
 	return &sizes
 }
 
-// SpoolHeld is the bytes deploys' uploads hold of the node's spool budget.
-func (e *Engine) SpoolHeld() int64 { return e.spools.all.InUse() }
+// SpoolHeld is the bytes deploys' uploads hold of the node's spool budget
+// and of tenant's part of it.
+func (e *Engine) SpoolHeld(tenant string) (node, part int64) {
+	return e.spools.all.InUse(), e.spools.of(tenant).InUse()
+}

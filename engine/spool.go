@@ -19,10 +19,14 @@ import (
 // meanwhile, the unpacks' turns (unpack.go) bounding only what comes
 // after the spool. Taken as written, not from an announced length, a
 // client trickling its upload holds no more than it sent; but it may
-// hold that as long as it keeps sending, so a tenant (a token) takes at
-// most the budget less one bundle (at least one bundle): another
-// tenant's uploads, and the model repository's, always have room for a
-// bundle of --max-body, whatever one tenant's hold. An upload that finds
+// hold that as long as it keeps sending (a byte a read timeout), so a
+// tenant (a token) takes at most the budget less one bundle (at least one
+// bundle): whatever one tenant holds, another tenant's uploads, and the
+// model repository's, have room for a bundle of --max-body where the
+// budget is at least two. Several tenants together, or uploads without a
+// token, can still hold all of it for as long as they keep sending: an
+// upload's hold is bounded by its pace only through the read timeout,
+// not by a rate (README's known limits). An upload that finds
 // no room waits, holding what it wrote, up to its deadline or, where it
 // has none (an HTTP deploy's), the engine's timeout over the whole
 // upload; then 503 (504 at its deadline).
@@ -39,6 +43,10 @@ func newSpools(total, bundle int64) *spools {
 	if total <= 0 {
 		return &spools{}
 	}
+	// A budget under one bundle would refuse the largest for room it can
+	// never have ("try again"), and one under a chunk of io.Copy's would
+	// take less than it counts (the budget clamps each take to its size).
+	total = max(total, bundle, 32<<10)
 	share := min(total, max(total-bundle, bundle))
 	return &spools{all: netguard.NewBudget(total), share: share, tenant: map[string]*netguard.Budget{}}
 }

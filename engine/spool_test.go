@@ -71,8 +71,6 @@ func TestUploadsHoldTheSpoolBudget(t *testing.T) {
 		return cont, done
 	}
 	garbage := func(n int) io.Reader { return bytes.NewReader(bytes.Repeat([]byte{1}, n)) }
-	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
 
 	// Tenant a holds 750 KiB of its 768 (three uploads under the bound):
 	// its next 100 KiB wait, tenant b's bundle does not.
@@ -84,6 +82,9 @@ func TestUploadsHoldTheSpoolBudget(t *testing.T) {
 	}
 	waitHeld(t, e, 750<<10)
 	_, err = e.Control().DeployAs(context.Background(), "more", "a", garbage(100<<10), false)
+	if _, part := e.SpoolHeld("a"); part != 750<<10 {
+		t.Errorf("tenant a's part holds %d bytes after its refused upload, want its stalled uploads' %d", part, 750<<10)
+	}
 	if errdefs.KindOf(err) != errdefs.KindUnavailable || !strings.Contains(err.Error(), "tenant a") || errdefs.RetryAt(err).IsZero() {
 		t.Errorf("tenant a's upload past its part: %v (%v), want 503 naming the tenant, with a retry time", err, errdefs.KindOf(err))
 	}
@@ -91,19 +92,33 @@ func TestUploadsHoldTheSpoolBudget(t *testing.T) {
 		t.Errorf("tenant b's deploy while tenant a holds its part: %v", err)
 	}
 	// The node's budget held (750 KiB of a, 250 of no tenant's): an
-	// upload without a tenant waits for the node's room.
+	// upload without a tenant waits for the node's room, and so does one
+	// of tenant b's that has room in its part, giving its part back.
 	cont, done := stalled("", 250<<10)
 	conts, dones = append(conts, cont), append(dones, done)
 	waitHeld(t, e, 1000<<10)
 	for _, tc := range []struct {
-		name string
-		ctx  context.Context
-		kind errdefs.Kind
-	}{{"its deadline passes", short, errdefs.KindTimeout}, {"the engine's timeout", context.Background(), errdefs.KindUnavailable}} {
-		_, err := e.Control().DeployAs(tc.ctx, "more", "", garbage(100<<10), false)
+		name, tenant string
+		deadline     time.Duration
+		kind         errdefs.Kind
+	}{
+		{"its deadline passes while it waits", "", 100 * time.Millisecond, errdefs.KindTimeout},
+		{"the engine's timeout", "", 0, errdefs.KindUnavailable},
+		{"a tenant's, with room in its part", "b", 0, errdefs.KindUnavailable},
+	} {
+		ctx := context.Background()
+		if tc.deadline > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, tc.deadline)
+			defer cancel()
+		}
+		_, err := e.Control().DeployAs(ctx, "more", tc.tenant, garbage(100<<10), false)
 		if errdefs.KindOf(err) != tc.kind || !strings.Contains(err.Error(), "--max-spool") {
 			t.Errorf("%s: an upload past the node's room: %v (%v), want %v naming --max-spool", tc.name, err, errdefs.KindOf(err), tc.kind)
 		}
+	}
+	if _, part := e.SpoolHeld("b"); part != 0 {
+		t.Errorf("tenant b's part holds %d bytes after its upload found no room in the node's", part)
 	}
 	for _, cont := range conts {
 		cont()
@@ -114,6 +129,9 @@ func TestUploadsHoldTheSpoolBudget(t *testing.T) {
 		}
 	}
 	waitHeld(t, e, 0)
+	if _, part := e.SpoolHeld("a"); part != 0 {
+		t.Errorf("tenant a's part holds %d bytes once its deploys ended", part)
+	}
 	if _, err := e.Control().DeployAs(context.Background(), m.Name, "a", bytes.NewReader(b), true); err != nil {
 		t.Fatalf("tenant a's deploy with room: %v", err)
 	}
@@ -138,7 +156,7 @@ func TestAnUploadOverTheBoundIsRefusedAtOnce(t *testing.T) {
 func waitHeld(t *testing.T, e *engine.Engine, n int64) {
 	t.Helper()
 	end := time.Now().Add(10 * time.Second)
-	for held := e.SpoolHeld(); n == 0 && held != 0 || n > 0 && held < n; held = e.SpoolHeld() {
+	for held, _ := e.SpoolHeld(""); n == 0 && held != 0 || n > 0 && held < n; held, _ = e.SpoolHeld("") {
 		if time.Now().After(end) {
 			t.Fatalf("the spool budget holds %d bytes, want %d", held, n)
 		}
