@@ -14,7 +14,7 @@ func TestRequiredScope(t *testing.T) {
 		method, path string
 		want         need
 	}{
-		{"GET", "/healthz", need{open: true}},
+		{"GET", "/healthz", need{open: true, shows: true}}, // open to a probe, admitted with a token,
 		{"GET", "/v2/health/ready", need{open: true}},
 		{"POST", "/v2/models/cnn/infer", need{scope: auth.Invoke, fn: call.NameOf("cnn")}},
 		{"POST", "/v2/models/cnn/versions/3f1c9a2e/infer", need{scope: auth.Invoke, fn: call.NameOf("cnn")}},
