@@ -118,7 +118,7 @@ func bodyReason(err error) string {
 	if !errors.As(err, &te) {
 		return "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")
 	}
-	is := "is " + article(te.Value)
+	is := "is " + article(shown(te.Value)) // "number 1000...": a number as long as the body
 	if te.Field == "" {
 		return "it " + is + ", want a JSON object"
 	}

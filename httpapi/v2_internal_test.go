@@ -18,16 +18,23 @@ import (
 
 func TestFloat16(t *testing.T) {
 	for _, tt := range []struct {
-		f    float32
-		bits uint16
+		f     float64
+		bits  uint16
+		exact bool // f is a half: it comes back whole
 	}{
-		{0, 0x0000}, {1, 0x3c00}, {-2, 0xc000}, {0.5, 0x3800}, {65504, 0x7bff},
-		{1e6, 0x7c00}, {float32(math.Inf(-1)), 0xfc00}, {5.960464477539063e-08, 0x0001}, {0.333251953125, 0x3555},
+		{0, 0x0000, true}, {1, 0x3c00, true}, {-2, 0xc000, true}, {0.5, 0x3800, true}, {65504, 0x7bff, true},
+		{1e6, 0x7c00, false}, {math.Inf(-1), 0xfc00, false}, {5.960464477539063e-08, 0x0001, true}, {0.333251953125, 0x3555, true},
+		// Rounded once, from the float64 (through a float32 the first
+		// two went the other way): just past a tie, just under the
+		// overflow point, the overflow point, a tie (to even), and a
+		// subnormal tie (to even: zero) and just past it.
+		{1.000488282181322574615478515625, 0x3c01, false}, {65519.999, 0x7bff, false}, {65520, 0x7c00, false}, {1.00048828125, 0x3c00, false},
+		{math.Ldexp(1, -25), 0x0000, false}, {math.Nextafter(math.Ldexp(1, -25), 1), 0x0001, false},
 	} {
 		if got := float16bits(tt.f); got != tt.bits {
 			t.Errorf("float16bits(%v) = %#04x, want %#04x", tt.f, got, tt.bits)
 		}
-		if back := float16to32(tt.bits); tt.f < 65520 && tt.f > -65520 && back != tt.f {
+		if back := float64(float16to32(tt.bits)); tt.exact && back != tt.f {
 			t.Errorf("float16to32(%#04x) = %v, want %v", tt.bits, back, tt.f)
 		}
 	}

@@ -51,6 +51,9 @@ func TestJSONDataBoundedAsRead(t *testing.T) {
 		{"zeros past a shape of [1]", body("[1]", "0,", 16<<20), `input "INPUT0": inputs[0].data holds more than the 1 elements its shape holds`},
 		{"empty arrays for a shape of [0]", body("[0]", "[],", 16<<20), `input "INPUT0": inputs[0].data holds arrays without elements`},
 		{"nested empty arrays for a shape of [0]", body("[0]", "[[]],", 16<<20), `input "INPUT0": inputs[0].data holds arrays without elements`},
+		// Counting the header's values walked every bracket of its data
+		// into a frame of its own: 96 times the body (a review's probe).
+		{"data nested 16 MiB deep", body("[1]", "[", 16<<20), "exceeded max depth"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var err error
@@ -304,5 +307,34 @@ func TestWriteInferJSONBounded(t *testing.T) {
 		if err := writeInferJSON(&ctx3, &inferHeader{binaryOutput: true}, "m", "v", cuts); err != nil {
 			t.Fatalf("%s: in binary: %v", dt, err)
 		}
+	}
+}
+
+// A number is one value however long: one of 8 MiB in a tensor's data,
+// in binary_data_size or in a shape was copied whole into each message
+// wrapping it, and sent back in the 400 (a review's probe). The error
+// quotes its head and says its length.
+func TestALongNumberIsNotEchoed(t *testing.T) {
+	long := "1" + strings.Repeat("0", 8<<20)
+	for _, tc := range []struct{ name, header string }{
+		{"in data", `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"data":[` + long + `]}]}`},
+		{"in FP32 data", `{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1],"data":[` + long + `]}]}`},
+		{"as binary_data_size", `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"parameters":{"binary_data_size":` + long + `}}]}`},
+		{"as a shape's dimension", `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[` + long + `],"data":[1]}]}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			decl := abi.RawTensors.Inputs
+			if strings.Contains(tc.header, "FP32") {
+				decl = []abi.Tensor{{Name: "INPUT0", Datatype: "FP32", Shape: []int64{1}}}
+			}
+			_, err := v2Refusal([]byte(tc.header), -1, decl, inputBound{max: 1 << 30})
+			if err == nil || len(err.Error()) > 1024 || !strings.Contains(err.Error(), "bytes)") {
+				msg := ""
+				if err != nil {
+					msg = err.Error()
+				}
+				t.Fatalf("a number of %d bytes: error of %d bytes (%.200s...), want its head and length", len(long), len(msg), msg)
+			}
+		})
 	}
 }

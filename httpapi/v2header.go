@@ -190,7 +190,7 @@ func jsonKind(v any) string {
 	case bool:
 		return "a boolean"
 	case json.Number:
-		return "the number " + x.String()
+		return "the number " + shown(x.String())
 	case string:
 		return "a string"
 	case []any:

@@ -339,9 +339,20 @@ func appendElement(out []byte, dt string, p *hdrParser) ([]byte, error) {
 	}
 	num := b2s(p.b[start:p.i]) // for strconv only: not kept
 	if dt == "BOOL" {
-		return out, fmt.Errorf("%s is not a boolean", num)
+		return out, fmt.Errorf("%s is not a boolean", shown(num))
 	}
 	return appendNumber(out, dt, num)
+}
+
+// shown is a number a client sent, as an error quotes it: its head past 64
+// bytes, and its length. A number is one value however long: one of 8 MiB
+// was copied whole into every message wrapping it and sent back in the
+// 400 (a review's probe).
+func shown(num string) string {
+	if len(num) <= 64 {
+		return num
+	}
+	return errdefs.Head(num, 64) + "... (" + strconv.Itoa(len(num)) + " bytes)"
 }
 
 // appendNumber appends JSON number num as an element of datatype dt
@@ -353,21 +364,21 @@ func appendNumber(out []byte, dt, num string) ([]byte, error) {
 	case "FP32", "FP64", "FP16":
 		f, err := strconv.ParseFloat(num, 64)
 		if err != nil {
-			return out, fmt.Errorf("%s is past the range of %s", num, dt)
+			return out, fmt.Errorf("%s is past the range of %s", shown(num), dt)
 		}
 		switch dt {
 		case "FP32":
 			f32 := float32(f)
 			if math.IsInf(float64(f32), 0) {
-				return out, fmt.Errorf("%s is past the range of FP32 (at most %g)", num, math.MaxFloat32)
+				return out, fmt.Errorf("%s is past the range of FP32 (at most %g)", shown(num), math.MaxFloat32)
 			}
 			return binary.LittleEndian.AppendUint32(out, math.Float32bits(f32)), nil
 		case "FP64":
 			return binary.LittleEndian.AppendUint64(out, math.Float64bits(f)), nil
 		}
-		h := float16bits(float32(f))
+		h := float16bits(f)
 		if h&0x7fff == 0x7c00 {
-			return out, fmt.Errorf("%s is past the range of FP16 (at most 65504)", num)
+			return out, fmt.Errorf("%s is past the range of FP16 (at most 65504)", shown(num))
 		}
 		return binary.LittleEndian.AppendUint16(out, h), nil
 	}
@@ -376,13 +387,13 @@ func appendNumber(out []byte, dt, num string) ([]byte, error) {
 	if strings.HasPrefix(dt, "UINT") {
 		v, err := strconv.ParseUint(num, 10, int(size*8))
 		if err != nil {
-			return out, fmt.Errorf("%s is not a %s", num, dt)
+			return out, fmt.Errorf("%s is not a %s", shown(num), dt)
 		}
 		u = v
 	} else {
 		v, err := strconv.ParseInt(num, 10, int(size*8))
 		if err != nil {
-			return out, fmt.Errorf("%s is not an %s", num, dt)
+			return out, fmt.Errorf("%s is not an %s", shown(num), dt)
 		}
 		u = uint64(v)
 	}
@@ -392,14 +403,17 @@ func appendNumber(out []byte, dt, num string) ([]byte, error) {
 	return out, nil
 }
 
-// float16bits rounds f to IEEE half precision (round to nearest even).
-func float16bits(f float32) uint16 {
-	b := math.Float32bits(f)
-	sign := uint16(b>>16) & 0x8000
-	exp := int((b>>23)&0xff) - 127 + 15
-	man := b & 0x7fffff
+// float16bits rounds f to IEEE half precision (round to nearest even),
+// from its float64 bits: through a float32 first it was rounded twice,
+// and a value just past a tie (1.000488282) or just under the overflow
+// point (65519.999) went the wrong way (a review's probe).
+func float16bits(f float64) uint16 {
+	b := math.Float64bits(f)
+	sign := uint16(b>>48) & 0x8000
+	exp := int((b>>52)&0x7ff) - 1023 + 15
+	man := b & (1<<52 - 1)
 	switch {
-	case (b>>23)&0xff == 0xff: // inf, nan
+	case (b>>52)&0x7ff == 0x7ff: // inf, nan
 		if man != 0 {
 			return sign | 0x7e00
 		}
@@ -410,17 +424,17 @@ func float16bits(f float32) uint16 {
 		if exp < -10 {
 			return sign
 		}
-		man |= 0x800000
-		shift := uint(14 - exp)
+		man |= 1 << 52
+		shift := uint(43 - exp)
 		h := uint16(man >> shift)
 		if (man>>(shift-1))&1 != 0 && ((man&((1<<(shift-1))-1)) != 0 || h&1 != 0) {
 			h++
 		}
 		return sign | h
 	}
-	h := sign | uint16(exp)<<10 | uint16(man>>13)
-	if man&0x1000 != 0 && (man&0xfff != 0 || h&1 != 0) {
-		h++
+	h := sign | uint16(exp)<<10 | uint16(man>>42)
+	if man&(1<<41) != 0 && (man&(1<<41-1) != 0 || h&1 != 0) {
+		h++ // a carry into the exponent is right: up to the next power, or infinity
 	}
 	return h
 }
