@@ -26,7 +26,7 @@ func (e *Engine) PinVersion(ctx context.Context, name, ref string, deadline time
 			continue // retired between the lock and ref: look again
 		}
 		if attempt == 4 {
-			return Pin{}, errorf(errdefs.KindUnavailable, nil, "function %s version %s: its record kept changing while this node loaded it; retry", name, ref)
+			return Pin{}, errorf(errdefs.KindUnavailable, nil, "function %s version %s: its record kept changing while this node loaded it; retry", name, errdefs.QuoteName(ref))
 		}
 		deadline = e.tab.deadline(deadline, time.Now()) // one bound for all its reads
 		if f == nil {

@@ -390,7 +390,7 @@ func (s *Server) logRefusal(ctx context.Context, method string, r *gate.Refusal)
 	if !ok {
 		return
 	}
-	s.authLines.add([]any{"reason", r.Reason, "client", client, "method", method, "transport", "grpc"}, unlogged)
+	s.authLines.add([]any{"reason", r.Reason, "client", client, "method", errdefs.KeptName(method), "transport", "grpc"}, unlogged)
 }
 
 // ServerLive answers while the process serves.

@@ -103,11 +103,22 @@ func MissingInput(decl []abi.Tensor, missing string, n int, name func(int) strin
 	return fmt.Errorf("input %q is missing (the model takes %s)", missing, Names(decl))
 }
 
+// shapeHead is a request's shape as an error shows it: its first 8
+// dimensions (a declared shape has at most 8), and a count of the rest. A
+// gRPC shape may have millions, each printed whole into the message and
+// sent back (a review's probe).
+func shapeHead(s []int64) string {
+	if len(s) <= 8 {
+		return fmt.Sprint(s)
+	}
+	return strings.TrimSuffix(fmt.Sprint(s[:8]), "]") + fmt.Sprintf(" ... and %d more]", len(s)-8)
+}
+
 // MatchShape checks a request's shape against a declared one (-1: any
 // size in that dimension).
 func MatchShape(got, decl []int64) error {
 	if len(got) != len(decl) {
-		return fmt.Errorf("shape %v has %d dimensions, the model's %v has %d", got, len(got), decl, len(decl))
+		return fmt.Errorf("shape %s has %d dimensions, the model's %v has %d", shapeHead(got), len(got), decl, len(decl))
 	}
 	for i := range got {
 		if got[i] < 0 {
@@ -284,7 +295,7 @@ func PinVersion(ctx context.Context, inv Pinner, name, version string, deadline 
 	pin, err := inv.PinVersion(ctx, name, version, deadline)
 	var pe *pipeline.PlanError
 	if errdefs.KindOf(err) == errdefs.KindNotFound && !errors.As(err, &pe) { // not a step's 404
-		return pin, &apierr.Error{Status: apierr.NotFound, Msg: fmt.Sprintf("model %s has no version %q: name a version folder's number, or a version id or its first 8+ characters (plover versions %s)", name, version, name)}
+		return pin, &apierr.Error{Status: apierr.NotFound, Msg: fmt.Sprintf("model %s has no version %s: name a version folder's number, or a version id or its first 8+ characters (plover versions %s)", name, errdefs.QuoteName(version), name)}
 	}
 	if err == nil && pin.Pipeline() {
 		if err := pin.Runs(func(fn string) error { return pipedef.Allowed(ctx, fn) }); err != nil {

@@ -181,11 +181,11 @@ func Pick(rec *api.Record, ref string) (api.Version, error) {
 	}
 	switch v, n := rec.Find(ref); n {
 	case 0:
-		return api.Version{}, fmt.Errorf("function %s has no version %q (plover versions %s)", rec.Name, ref, rec.Name)
+		return api.Version{}, fmt.Errorf("function %s has no version %s (plover versions %s)", rec.Name, errdefs.QuoteName(ref), rec.Name)
 	case 1:
 		return v, nil
 	}
-	return api.Version{}, fmt.Errorf("version %q of %s is ambiguous: give more of its id (plover versions %s)", ref, rec.Name, rec.Name)
+	return api.Version{}, fmt.Errorf("version %s of %s is ambiguous: give more of its id (plover versions %s)", errdefs.QuoteName(ref), rec.Name, rec.Name)
 }
 
 // UsersError is a deploy that would break pipelines running the function
