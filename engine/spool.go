@@ -78,7 +78,7 @@ type spoolRoom struct {
 	limit   int64            // the bundle bound: a byte past it is refused (413), not charged
 	held    int64            // of both the node's budget and own
 	until   time.Time        // the end of its waits, from the first (zero: not yet)
-	waitErr error            // the wait that failed: whose room
+	ownFull bool             // the wait that failed was for the tenant's part
 }
 
 // errSpoolFull ends a spool's copy whose upload waited its most for room.
@@ -98,7 +98,7 @@ func (r *spoolRoom) Write(p []byte) (int, error) {
 func (r *spoolRoom) take(n int64) error {
 	all := r.e.spools.all
 	if !r.acquire(r.own, n) {
-		r.waitErr = errTenantFull
+		r.ownFull = true
 		return errSpoolFull
 	}
 	if !r.acquire(all, n) {
@@ -108,9 +108,6 @@ func (r *spoolRoom) take(n int64) error {
 	r.held += n
 	return nil
 }
-
-// errTenantFull says the wait that failed was for the tenant's part.
-var errTenantFull = errors.New("the tenant's part")
 
 // acquire takes n bytes of b (nil: nothing to take), waiting until the
 // upload's waits end.
@@ -142,21 +139,12 @@ func (r *spoolRoom) release() {
 	r.held = 0
 }
 
-// waitFor is ctx for a deploy's wait for a node's turn: its own deadline,
-// or, where it has none (an HTTP deploy's), the engine's request timeout.
-func (e *Engine) waitFor(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); !ok && e.cfg.Timeout > 0 {
-		return context.WithTimeout(ctx, e.cfg.Timeout)
-	}
-	return ctx, func() {}
-}
-
 // spoolFull is the error of an upload that waited its most for room, n
 // bytes in: 504 if the request's deadline passed, else 503 with a
 // Retry-After, which a client may retry.
 func (e *Engine) spoolFull(r *spoolRoom, name string, n int64) error {
 	busy := fmt.Sprintf("the uploads this node spools at once hold its %d MiB (plover serve --max-spool)", e.spools.all.Max()>>20)
-	if errors.Is(r.waitErr, errTenantFull) {
+	if r.ownFull {
 		busy = fmt.Sprintf("the uploads of tenant %s hold its part of the node's spool (%d MiB of plover serve --max-spool)", r.tenant, e.spools.share>>20)
 	}
 	switch ctx := r.ctx; {

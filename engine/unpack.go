@@ -67,6 +67,15 @@ func (e *Engine) unpackTurn(ctx context.Context, name string) (func(), error) {
 	}, nil
 }
 
+// waitFor is ctx for a deploy's wait for its turn to unpack: its own deadline,
+// or, where it has none (an HTTP deploy's), the engine's request timeout.
+func (e *Engine) waitFor(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); !ok && e.cfg.Timeout > 0 {
+		return context.WithTimeout(ctx, e.cfg.Timeout)
+	}
+	return ctx, func() {}
+}
+
 // noTurn is the error of a deploy that gave up waiting for its turn to
 // unpack: 504 if the request's deadline passed, else 503, which a client
 // may retry.

@@ -95,16 +95,16 @@ func (e *NoFunction) Error() string {
 // and a client is answered with it, a log line written with it.
 func QuoteName(name string) string {
 	if len(name) > 64 {
-		return strconv.Quote(Head(name, 64)) + "..."
+		return strconv.Quote(head(name, 64)) + "..."
 	}
 	return strconv.Quote(name)
 }
 
-// Head is s's first n bytes, or fewer (at most 3) so as not to end inside
+// head is s's first n bytes, or fewer (at most 3) so as not to end inside
 // a UTF-8 character, which a quote would show as \x escapes and a span
 // exporter might refuse; s itself where it is no longer. It shares s's
-// memory: a caller that keeps it past s's request copies it.
-func Head(s string, n int) string {
+// memory.
+func head(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
@@ -114,6 +114,17 @@ func Head(s string, n int) string {
 		}
 	}
 	return s[:n]
+}
+
+// Clip is s, something a client sent or an error quoting it, as a message
+// keeps it: whole up to n bytes, else its head and its length ("...
+// (8388609 bytes)"). A value may be as long as a request's body, and was
+// copied whole into each message wrapping it.
+func Clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return head(s, n) + "... (" + strconv.Itoa(len(s)) + " bytes)"
 }
 
 // KeptName is name, a request's, as kept past it in a log field, a span

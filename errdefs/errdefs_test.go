@@ -31,9 +31,9 @@ func TestQuoteName(t *testing.T) {
 	}
 }
 
-// Head cuts at most n bytes, never inside a character where the string
+// head cuts at most n bytes, never inside a character where the string
 // is UTF-8.
-func TestHead(t *testing.T) {
+func TestHeadAndClip(t *testing.T) {
 	for _, tc := range []struct {
 		s    string
 		n    int
@@ -49,8 +49,14 @@ func TestHead(t *testing.T) {
 		{"😀😀", 7, "😀"},
 		{"", 0, ""},
 	} {
-		if got := Head(tc.s, tc.n); got != tc.want {
-			t.Errorf("Head(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.want)
+		if got := head(tc.s, tc.n); got != tc.want {
+			t.Errorf("head(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.want)
 		}
+	}
+	if got, want := Clip("ab€d", 4), "ab... (6 bytes)"; got != want {
+		t.Errorf("Clip = %q, want %q", got, want)
+	}
+	if got := Clip("abc", 3); got != "abc" {
+		t.Errorf("Clip of a short string = %q", got)
 	}
 }

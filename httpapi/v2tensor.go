@@ -348,12 +348,7 @@ func appendElement(out []byte, dt string, p *hdrParser) ([]byte, error) {
 // bytes, and its length. A number is one value however long: one of 8 MiB
 // was copied whole into every message wrapping it and sent back in the
 // 400 (a review's probe).
-func shown(num string) string {
-	if len(num) <= 64 {
-		return num
-	}
-	return errdefs.Head(num, 64) + "... (" + strconv.Itoa(len(num)) + " bytes)"
-}
+func shown(num string) string { return errdefs.Clip(num, 64) }
 
 // appendNumber appends JSON number num as an element of datatype dt
 // (not BOOL). A float that no element of dt can hold (1e39 as FP32,

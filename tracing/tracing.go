@@ -441,9 +441,4 @@ const maxMessage = 1 << 10
 // a client sent (an input's name, in a message of up to the body limit),
 // and a span waits in the exporter's queue (2,048 of them) after the
 // request's bytes are given back.
-func keptMessage(msg string) string {
-	if len(msg) <= maxMessage {
-		return msg
-	}
-	return errdefs.Head(msg, maxMessage) + "... (" + strconv.Itoa(len(msg)) + " bytes)"
-}
+func keptMessage(msg string) string { return errdefs.Clip(msg, maxMessage) }
