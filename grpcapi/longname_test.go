@@ -73,6 +73,14 @@ func TestLongFieldsRefusedInBoundedMemory(t *testing.T) {
 			_, err := f.client.ModelMetadata(ctxT(t), &pb.ModelMetadataRequest{Name: "echo", Version: version})
 			return err
 		}, codes.NotFound, `\x01\x01`},
+		// The answer echoes the id: one near the send limit made an
+		// answer past it, refused after the function ran.
+		{"ModelInfer with a 1 MiB id", func() error {
+			req := raw("INPUT0", "echo", "", []int64{1}, []byte{1})
+			req.Id = strings.Repeat("i", 1<<20)
+			_, err := f.client.ModelInfer(ctxT(t), req)
+			return err
+		}, codes.InvalidArgument, "id: 1048576 bytes"},
 		{"a shape of 1,048,576 dimensions", func() error {
 			_, err := f.client.ModelInfer(ctxT(t), typed)
 			return err

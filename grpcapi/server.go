@@ -587,6 +587,9 @@ func (s *Server) infer(ctx context.Context, req *pb.ModelInferRequest, r *call.R
 		return nil, &apierr.Error{Status: apierr.TooLarge, Msg: fmt.Sprintf(
 			"model %s: request message of %d bytes is over the server's limit of %d bytes (plover serve --max-body)", errdefs.KeptName(req.GetModelName()), n, s.opts.MaxMessageBytes)}
 	}
+	if err := oip.CheckID(req.GetId()); err != nil {
+		return nil, err
+	}
 	// Read, its message holds its size in the budget, not its ticket.
 	if err := io.room.resize(ctx, int64(n)); err != nil {
 		return nil, err

@@ -338,3 +338,38 @@ func TestALongNumberIsNotEchoed(t *testing.T) {
 		})
 	}
 }
+
+// An answer echoes its request's id, so a long one is refused before the
+// run (over gRPC the echo made an answer past the send limit, refused
+// after the function ran); the 400 names the field and its length, and
+// does not echo it. Both readers of a header say so: parse (a plain ASCII
+// id) and decode (one with an escape, which parse leaves to it).
+func TestALongIDIsRefusedBeforeTheRun(t *testing.T) {
+	body := func(id string) []byte {
+		return []byte(`{"id":"` + id + `","inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"data":[7]}]}`)
+	}
+	for _, tc := range []struct {
+		name string
+		id   string
+		ok   bool
+	}{
+		{"at the bound", strings.Repeat("a", oip.MaxID), true},
+		{"at the bound, escaped", `\u00e9` + strings.Repeat("a", oip.MaxID-2), true},
+		{"a byte over", strings.Repeat("a", oip.MaxID+1), false},
+		{"a byte over, escaped", `\u00e9` + strings.Repeat("a", oip.MaxID-1), false},
+		{"a MiB", strings.Repeat("a", 1<<20), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in, err := v2Refusal(body(tc.id), -1, abi.RawTensors.Inputs, inputBound{max: 1 << 30})
+			if tc.ok {
+				if err != nil || len(in) != 1 || in[0] != 7 {
+					t.Fatalf("an id at the bound: %v, input %v", err, in)
+				}
+				return
+			}
+			if err == nil || statusOf(err) != 400 || !strings.HasPrefix(err.Error(), "id: ") || len(err.Error()) > 256 {
+				t.Fatalf("an id over the bound: %v (status %d), want a short 400 naming id", err, statusOf(err))
+			}
+		})
+	}
+}

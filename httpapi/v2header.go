@@ -91,7 +91,7 @@ func (h *inferHeader) wantsBinary(name string) bool {
 // kind.
 func (h *inferHeader) read(header []byte) error {
 	if h.parse(header) {
-		return nil
+		return oip.CheckID(h.id)
 	}
 	var err error
 	if !h.over {
@@ -106,7 +106,7 @@ func (h *inferHeader) read(header []byte) error {
 	case err != nil:
 		return badField("request body", bodyReason(err))
 	}
-	return nil
+	return oip.CheckID(h.id)
 }
 
 // decode reads header with encoding/json, for what parse leaves to it.

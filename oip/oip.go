@@ -29,6 +29,21 @@ import (
 // empty inputs raised the server to 11 GB). Real requests hold tens.
 const MaxParts = 1 << 14
 
+// MaxID bounds a request's id, which its answer echoes: over gRPC an id
+// near --max-body made an answer past the send limit, refused
+// (ResourceExhausted) after the function had run. Clients send a UUID or
+// a counter; 4 KiB leaves room for any trace or batch key.
+const MaxID = 4 << 10
+
+// CheckID refuses an id over MaxID before the request runs (400), naming
+// the field and its length, not echoing it.
+func CheckID(id string) error {
+	if len(id) <= MaxID {
+		return nil
+	}
+	return &apierr.Error{Status: apierr.BadRequest, Msg: fmt.Sprintf("id: %d bytes, over the bound of %d (an answer echoes its request's id)", len(id), MaxID)}
+}
+
 // Bytes is the byte size of a shape (of dimensions not negative) of
 // elements of es bytes; false when it does not fit an int64, which a shape
 // sent in a request may ask for.
