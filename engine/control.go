@@ -359,8 +359,10 @@ func landedPast(err error, how string) string {
 // them) unless force is set: their requests would fail at its step.
 func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 	e := c.e
+	sctx, cancel := storeCtx(ctx)
+	defer cancel()
 	if !force {
-		recs, err := e.tab.reg.List(ctx)
+		recs, err := e.tab.reg.List(sctx)
 		if err != nil {
 			return unavailable(err, "delete %s: listing the pipelines that may use it: store unavailable", name)
 		}
@@ -369,7 +371,7 @@ func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 		}
 	}
 	at := e.tab.at() // before the store changes: see land
-	switch _, err := e.tab.reg.Delete(ctx, name); {
+	switch _, err := e.tab.reg.Delete(sctx, name); {
 	case errors.Is(err, registry.ErrBundlesKept):
 		// The record is gone, so the function is: the bundles left are
 		// gc's, not the caller's to retry (a retry answers 404).
@@ -404,6 +406,8 @@ func (c *Control) Versions(ctx context.Context, name string) (*api.Record, error
 // what it deployed was not deleted since (plover rm, here or on another
 // node sharing the store).
 func (c *Control) Listed(ctx context.Context) (map[string]bool, error) {
+	ctx, cancel := storeCtx(ctx)
+	defer cancel()
 	tags, err := c.e.tab.reg.Tags(ctx)
 	if err != nil {
 		return nil, unavailable(err, "listing the functions: store unavailable")
@@ -419,7 +423,9 @@ func (c *Control) Listed(ctx context.Context) (map[string]bool, error) {
 // requests finish on the version they started on.
 func (c *Control) Rollback(ctx context.Context, name, version string) (api.FunctionInfo, error) {
 	e := c.e
-	id, warning, err := c.checkRollback(ctx, name, version)
+	sctx, cancel := storeCtx(ctx)
+	defer cancel()
+	id, warning, err := c.checkRollback(sctx, name, version)
 	if err != nil {
 		return api.FunctionInfo{}, err
 	}
@@ -427,7 +433,7 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (api.Funct
 		id = version // SetCurrent's to refuse
 	}
 	at := e.tab.at() // before the store changes: see land
-	rv, rec, err := e.tab.reg.SetCurrent(ctx, name, id)
+	rv, rec, err := e.tab.reg.SetCurrent(sctx, name, id)
 	switch {
 	case errors.Is(err, registry.ErrNoFunction):
 		return api.FunctionInfo{}, notFound(name, err, "")
@@ -468,7 +474,9 @@ func (c *Control) Rollback(ctx context.Context, name, version string) (api.Funct
 // labels costs its next pin a load, no more.
 func (c *Control) Unlabel(ctx context.Context, name, label string) error {
 	e := c.e
-	current, n, err := e.tab.reg.Unlabel(ctx, name, label)
+	sctx, cancel := storeCtx(ctx)
+	defer cancel()
+	current, n, err := e.tab.reg.Unlabel(sctx, name, label)
 	if !errors.Is(err, registry.ErrNoFunction) {
 		e.tab.unlabel(name, label, current) // current "": this node's
 	}
@@ -570,6 +578,8 @@ func (c *Control) checkRollback(ctx context.Context, name, version string) (id, 
 // GC deletes bundles no function record references, older than grace.
 func (c *Control) GC(ctx context.Context, grace time.Duration) ([]string, error) {
 	e := c.e
+	ctx, cancel := storeCtx(ctx)
+	defer cancel()
 	removed, err := e.tab.reg.GC(ctx, grace)
 	if errors.Is(err, registry.ErrBundlesKept) {
 		// Not the store's failure: a later gc may delete them.

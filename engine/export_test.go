@@ -228,3 +228,11 @@ func BatchAllocs(t testing.TB) *[]int64 {
 func (e *Engine) SpoolHeld(tenant string) (node, part int64) {
 	return e.spools.all.InUse(), e.spools.of(tenant).InUse()
 }
+
+// SetStoreCallBound sets the bound of a control call's store part until
+// the test ends.
+func SetStoreCallBound(t *testing.T, d time.Duration) {
+	old := storeCallBound
+	storeCallBound = d
+	t.Cleanup(func() { storeCallBound = old })
+}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"sort"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
@@ -77,9 +78,24 @@ func (c *Control) recordInfo(rec *api.Record) (api.FunctionInfo, error) {
 	return c.info(f, cv, len(rec.Versions)), nil
 }
 
+// storeCallBound bounds the store's part of a control call (a listing,
+// a record's read or write, gc's deletes), past any deadline of its
+// caller's: the control routes' contexts have none (httpapi's callCtx),
+// and minio-go none on a body's read, so a store that stalled after its
+// headers held each call, and its goroutine, for as long as the server
+// ran. Generous: gc lists and deletes a whole store. A var for tests.
+var storeCallBound = 10 * time.Minute
+
+// storeCtx is ctx ended at storeCallBound at the latest.
+func storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, storeCallBound)
+}
+
 // Functions lists every function in the store.
 func (c *Control) Functions(ctx context.Context) ([]api.FunctionInfo, error) {
 	e := c.e
+	ctx, cancel := storeCtx(ctx)
+	defer cancel()
 	recs, err := e.tab.reg.List(ctx)
 	if err != nil {
 		return nil, unavailable(err, "list functions: store unavailable")

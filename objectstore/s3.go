@@ -683,6 +683,11 @@ func (s *S3) Stat(ctx context.Context, key string) (_ Info, err error) {
 	return Info{Key: key, Size: oi.Size, ModTime: oi.LastModified, ETag: oi.ETag}, nil
 }
 
+// maxListed bounds the objects one List reads, in or out of its prefix:
+// a node's store holds a record and a bundle or two a function, and
+// thousands of functions; a var for tests.
+var maxListed = 1 << 20
+
 func (s *S3) List(ctx context.Context, prefix string) (_ []Info, err error) {
 	defer func() { err = fault(err) }()
 	full := prefix
@@ -692,6 +697,7 @@ func (s *S3) List(ctx context.Context, prefix string) (_ []Info, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the listing goroutine if we return early
 	var out []Info
+	listed := 0
 	for oi := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: full, Recursive: true}) {
 		if oi.Err != nil {
 			what := fmt.Sprintf("list %q: %s", prefix, s)
@@ -699,6 +705,18 @@ func (s *S3) List(ctx context.Context, prefix string) (_ []Info, err error) {
 				return nil, e
 			}
 			return nil, fmt.Errorf("%s: bucket %q: %w", what, s.bucket, oi.Err)
+		}
+		// minio-go follows pages as long as the endpoint says there are
+		// more: one that repeats its continuation token listed 500,000
+		// keys in 5 s, kept here until the node ran out of memory.
+		if listed++; listed > maxListed {
+			return nil, fmt.Errorf("list %q: %s: bucket %q: over %d objects listed (an endpoint repeating its pages, or a bucket prefix shared with other data)", prefix, s, s.bucket, maxListed)
+		}
+		// An endpoint (a gateway, a cache keyed by path) may ignore the
+		// prefix asked for: an object outside it is never this listing's,
+		// or gc would take a function's record for an unused bundle.
+		if !strings.HasPrefix(oi.Key, full) {
+			continue
 		}
 		key := oi.Key
 		if s.prefix != "" {

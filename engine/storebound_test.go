@@ -1,0 +1,64 @@
+package engine_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/objectstore"
+)
+
+// The control routes' calls have no end of their own (httpapi's callCtx:
+// a drain finishes them), and minio-go none on a body's read or a listing:
+// a store that stalled after its headers held each such call, and its
+// goroutine, for as long as the server ran (a review's finding). Each
+// control call's store part now ends at a bound, as unavailable.
+func TestAStalledStoreEndsAControlCall(t *testing.T) {
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := testkit.Engine(t, engine.Config{Store: fs})
+	v1 := testkit.Deploy(t, a, testkit.BundleDir(t, testkit.Manifest("fn"), nil))
+	m := testkit.Manifest("fn")
+	m.OutBytes++
+	testkit.Deploy(t, a, testkit.BundleDir(t, m, nil))
+
+	stalling := &stallingRecord{Store: fs, key: "functions/fn.json", stalled: make(chan struct{})}
+	stalling.armed.Store(true)
+	b := testkit.Engine(t, engine.Config{Store: stalledListing{stalling}, Timeout: 200 * time.Millisecond})
+	engine.SetStoreCallBound(t, 200*time.Millisecond)
+	c := b.Control()
+	for _, tc := range []struct {
+		name string
+		call func(context.Context) error
+	}{
+		// A record's read was bounded before, by --timeout (table.record).
+		{"Function", func(ctx context.Context) error { _, err := c.Function(ctx, "fn"); return err }},
+		{"Versions", func(ctx context.Context) error { _, err := c.Versions(ctx, "fn"); return err }},
+		{"Functions", func(ctx context.Context) error { _, err := c.Functions(ctx); return err }},
+		{"Listed", func(ctx context.Context) error { _, err := c.Listed(ctx); return err }},
+		{"GC", func(ctx context.Context) error { _, err := c.GC(ctx, time.Hour); return err }},
+		{"Delete", func(ctx context.Context) error { return c.Delete(ctx, "fn", false) }},
+		{"Delete, forced", func(ctx context.Context) error { return c.Delete(ctx, "fn", true) }},
+		{"Rollback", func(ctx context.Context) error { _, err := c.Rollback(ctx, "fn", v1.Version); return err }},
+		{"Unlabel", func(ctx context.Context) error { return c.Unlabel(ctx, "fn", "7") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			done := make(chan error, 1)
+			go func() { done <- tc.call(context.Background()) }()
+			select {
+			case err := <-done:
+				if k := errdefs.KindOf(err); k != errdefs.KindUnavailable && k != errdefs.KindTimeout {
+					t.Fatalf("%s over a stalled store: %v (kind %v), want unavailable or a timeout", tc.name, err, k)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("%s over a stalled store still held after 20 s (bound 200 ms)", tc.name)
+			}
+		})
+	}
+}
