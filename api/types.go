@@ -54,9 +54,12 @@ type FunctionInfo struct {
 	// priority, with their defaults).
 	Share    float64 `json:"share"`
 	Priority string  `json:"priority"`
-	// DeviceSeconds is the device time the function's runs held on this
-	// node (sched: from admission to the run's end), since the node first
-	// ran it: what per-second billing counts.
+	// DeviceSeconds is the device time the function's runs were charged on
+	// this node since the node first ran it (what per-second billing
+	// counts): each run's use as its device measured it, at most its part
+	// of the device while it held its slot and at least its slot time over
+	// the device's slots, and a host worker's CPU used beside its runs;
+	// not the time runs held slots.
 	DeviceSeconds float64 `json:"device_seconds"`
 	// DeviceFraction is the function's part of the device time all
 	// functions used on this node recently (decayed over 10 s).

@@ -143,7 +143,15 @@ func (f *Flow) charge(d time.Duration, device bool) {
 	s := f.s
 	s.mu.Lock()
 	defer s.mu.Unlock() // see mu
-	now := s.clock.Now()
+	f.chargeLocked(d, s.clock.Now(), device)
+}
+
+// chargeLocked is charge with s.mu held, at now.
+func (f *Flow) chargeLocked(d time.Duration, now time.Time, device bool) {
+	if d <= 0 {
+		return
+	}
+	s := f.s
 	if device {
 		f.deviceNs.Add(int64(d))
 		f.recent.add(float64(d), now, s.cfg.Decay)

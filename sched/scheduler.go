@@ -200,6 +200,9 @@ type run struct {
 	// (Flow.Overran): the run is not reused meanwhile, so that Done knows
 	// it.
 	overran *Flow
+	// expiredRan is what expire charged it: its own measure, given at
+	// Done, may say it used more (a host chain on several threads).
+	expiredRan time.Duration
 }
 
 type waiter struct {
@@ -332,6 +335,13 @@ func (s *Scheduler) join(f *Flow, now, deadline time.Time, hold time.Duration) (
 		f.lastBusy = now // this run makes two or more
 		s.place(f)       // went idle light, now a flood's: unlisted
 	}
+	if f.active && len(f.queue) == 0 {
+		// A run arriving at an empty queue starts no earlier than its
+		// class's clock, as one that wakes (start-time fair queuing): a
+		// flow that kept a run in flight but asked for fewer slots than
+		// its share did not bank the rest, to take from the others later.
+		s.pol.Woke(f, now)
+	}
 	if len(s.waiting) == 0 && len(s.running) < s.limit(f, now) {
 		return s.start(f, deadline, hold, now), nil
 	}
@@ -429,6 +439,13 @@ func (t Ticket) DoneUsed(now time.Time, used time.Duration) {
 		// then. Its holder is done with it now, and it may be reused.
 		r.overran = nil
 		f.overran.Add(-1)
+		// What its device measured of its own (the host's CPU time, up
+		// to the deadline) past what expire charged, its wall time, is
+		// billed as a run's end would bill it: a chain on N threads
+		// expired while others waited was billed a Nth of what it used.
+		if used > 0 && r.hold == 0 && s.cfg.Capacity == 0 {
+			f.chargeLocked(min(used, r.expiredRan*time.Duration(s.cfg.MaxRuns))-r.expiredRan, now, true)
+		}
 		s.spare = append(s.spare, r)
 		return
 	}
@@ -678,6 +695,7 @@ func (s *Scheduler) expire() {
 		if r.hold > 0 {
 			ran = min(ran, r.hold)
 		}
+		r.expiredRan = ran
 		s.end(r, ran, now, true) // removes r from running
 	}
 	s.dispatch(now)

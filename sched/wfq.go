@@ -119,14 +119,14 @@ func (w *WFQ) Started(f *Flow, now time.Time) float64 {
 	return charged
 }
 
-// floor is the least tag of the flows of f's class with runs waiting or
-// running, f aside (+Inf for none): where a run goes before them out of
-// fair order, its class's clock moves no further, or a flow waking beside
-// them would start ahead of them and wait until they caught up. Running
-// ones count too: a flood with every run in flight and none queued is
-// still busy, and a low-share light function's runs in its kept slot
-// dragged the clock past it, by a second of virtual time per 10 ms run
-// at share 0.01, without bound. A run in flight counts at what it has had
+// floor is the least tag of the flows of f's class with runs waiting, f
+// aside (+Inf for none): where a run goes before them out of fair order,
+// its class's clock moves no further, or a flow waking beside them would
+// start ahead of them and wait until they caught up. For a light
+// function's run in its kept slot, running ones count too: a flood with
+// every run in flight and none queued is still busy, and a low-share light
+// function's runs dragged the clock past it, by a second of virtual time
+// per 10 ms run at share 0.01, without bound. A run in flight counts at what it has had
 // so far past its charge: counted where it started, one 10-minute run
 // held its class's clock for its length, and a flow that woke meanwhile
 // took every run from the flows that had run beside it.
@@ -139,6 +139,13 @@ func (w *WFQ) floor(f *Flow, now time.Time) float64 {
 		if g != f && g.Class() == f.Class() {
 			least = math.Min(least, w.state(g).tag)
 		}
+	}
+	if !(f.listed && f.s.light(f, now)) {
+		// Any other run is in fair order among the flows that wait: a
+		// run in flight held the clock at its flow's pace, one slot's
+		// worth, while a flood used the others and ran ahead of it, to
+		// be starved by that flow, or one that woke, later.
+		return least
 	}
 	for _, r := range f.s.running { // at most MaxRuns
 		if g := r.f; g != nil && g != f && g.Class() == f.Class() {
