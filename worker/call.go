@@ -93,8 +93,17 @@ func (p *proc) callTurn(ctx context.Context, bound time.Duration, g *program, c 
 	}
 	dl, _ := ctx.Deadline()
 	p.ctl.SetDeadline(dl)
-	// Cancellation, too, ends the wait (as a deadline).
-	defer context.AfterFunc(ctx, func() { p.ctl.SetDeadline(time.Now()) })()
+	// Cancellation, too, ends the wait (as a deadline). AfterFunc runs
+	// it on a goroutine of its own, which may set the deadline after this
+	// call has handed the channel on, and cut the next call: one begun
+	// is waited for first.
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() { p.ctl.SetDeadline(time.Now()); close(fired) })
+	defer func() {
+		if !stop() {
+			<-fired
+		}
+	}()
 	var oob []byte
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
