@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
@@ -154,17 +155,23 @@ func TestAPanicMakingAPlanGivesItsPinsBack(t *testing.T) {
 	}
 }
 
-// A pipeline record with no steps, or a parallel step with no branches
-// (deploys refuse both; written by hand or by another build), fails its
-// requests and its users' with a 500 naming it: planning indexed its
-// first step and panicked, and the pins taken before were kept (reviews
-// found both).
+// A pipeline record with no steps (an empty list, or none at all: a Go
+// build leaves an empty list out), more steps than abi.MaxPipelineSteps,
+// or a parallel step with no branches (deploys refuse each; written by
+// hand or by another build) fails its requests and its users' with a 500
+// naming it and why. Planning indexed its first step and panicked, and the
+// pins taken before were kept; a record without the field was run as a
+// function; 33 steps panicked every request in the step metrics (reviews
+// found each).
 func TestARecordWithNoStepsFailsItsRequests(t *testing.T) {
-	for _, tc := range []struct{ steps, want string }{
-		{`"steps":[]`, "pipeline inner has no steps"},
-		{`"steps":[{"parallel":[]}]`, "a parallel step with no branches"},
+	many := `"steps":["echo"` + strings.Repeat(`,"echo"`, abi.MaxPipelineSteps) + `]`
+	for _, tc := range []struct{ name, steps, want string }{
+		{"an empty list", `"steps":[]`, "pipeline inner has no steps"},
+		{"no list", ``, "pipeline inner has no steps"},
+		{"a parallel step with no branches", `"steps":[{"parallel":[]}]`, "a parallel step with no branches"},
+		{"more steps than a pipeline may have", many, "pipeline inner has 33 steps in its record, more than the 32"},
 	} {
-		t.Run(tc.steps, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "store")
 			fs, err := objectstore.NewFS(dir)
 			if err != nil {
@@ -179,7 +186,11 @@ func TestARecordWithNoStepsFailsItsRequests(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			emptied := regexp.MustCompile(`"steps":\s*\[[^\]]*\]`).ReplaceAll(raw, []byte(tc.steps))
+			field := regexp.MustCompile(`,?"steps":\s*\[[^\]]*\]`)
+			if tc.steps != "" {
+				tc.steps = "," + tc.steps
+			}
+			emptied := field.ReplaceAll(raw, []byte(tc.steps))
 			if bytes.Equal(emptied, raw) {
 				t.Fatalf("no steps in inner's record:\n%s", raw)
 			}

@@ -195,8 +195,8 @@ func (r *Runner) PinVersion(ctx context.Context, name, ref string, deadline time
 // plan holds top and, for a pipeline's version, every function its steps
 // run.
 func (r *Runner) plan(ctx context.Context, name string, top engine.Pin, deadline time.Time) (_ Pin, err error) {
-	steps := top.Steps()
-	if steps == nil {
+	steps, ok := stepsOf(top)
+	if !ok {
 		return Pin{r: r, top: top}, nil
 	}
 	pl := &plan{name: top.Name()}
@@ -209,8 +209,8 @@ func (r *Runner) plan(ctx context.Context, name string, top engine.Pin, deadline
 			top.Release()
 		}
 	}()
-	if len(steps) == 0 {
-		return Pin{}, &PlanError{Pipeline: pl.name, Err: noSteps(pl.name)}
+	if err := checkSteps(pl.name, steps); err != nil {
+		return Pin{}, &PlanError{Pipeline: pl.name, Err: err}
 	}
 	for i, s := range steps {
 		st, err := r.expand(ctx, deadline, pl, i, "", s, []string{name})
@@ -227,11 +227,30 @@ func (r *Runner) plan(ctx context.Context, name string, top engine.Pin, deadline
 	return Pin{r, top, pl}, nil
 }
 
-// noSteps is the error of a pipeline whose record has no steps (deploys
-// refuse one; a record written by hand, or by another build, may hold
-// one): planning indexes a pipeline's first and last steps.
-func noSteps(pipeline string) error {
-	return &errdefs.Error{Kind: errdefs.KindInternal, Msg: fmt.Sprintf("pipeline %s has no steps in its record: its requests fail until it is deployed again", pipeline)}
+// stepsOf is p's version's steps, and whether it is a pipeline's: told by
+// its kind, as the engine tells it, not by its steps, which a record
+// leaves out when they are none (api.Version's omitempty).
+func stepsOf(p engine.Pin) ([]abi.Step, bool) {
+	v := p.Version()
+	return v.Steps, v.IsPipeline()
+}
+
+// checkSteps is the error of a pipeline whose record has no steps, or more
+// than abi.MaxPipelineSteps (deploys refuse both; a record written by
+// hand, or by another build, may hold one): planning indexes a pipeline's
+// first and last steps, and the step metrics its steps by their index
+// among abi.MaxPipelineSteps.
+func checkSteps(pipeline string, steps []abi.Step) error {
+	var why string
+	switch {
+	case len(steps) == 0:
+		why = "has no steps in its record"
+	case len(steps) > abi.MaxPipelineSteps:
+		why = fmt.Sprintf("has %d steps in its record, more than the %d a pipeline may have", len(steps), abi.MaxPipelineSteps)
+	default:
+		return nil
+	}
+	return &errdefs.Error{Kind: errdefs.KindInternal, Msg: fmt.Sprintf("pipeline %s %s: its requests fail until it is deployed again", pipeline, why)}
 }
 
 // PlanError is a pipeline that exists but whose steps could not be
@@ -271,11 +290,11 @@ func (r *Runner) expand(ctx context.Context, deadline time.Time, pl *plan, index
 	if err != nil {
 		return nil, stepError(pl.name, index, prefix+s.String(), err)
 	}
-	sub := pin.Steps()
-	if sub == nil {
+	sub, nested := stepsOf(pin)
+	if !nested {
 		pl.functions++
 	}
-	if sub == nil && pl.functions > pipedef.MaxFunctions {
+	if !nested && pl.functions > pipedef.MaxFunctions {
 		// Deploys refuse more; a nested pipeline deployed since with
 		// more steps (or records changed by another node) could still
 		// make one request run thousands. The pipeline as deployed, not
@@ -283,7 +302,7 @@ func (r *Runner) expand(ctx context.Context, deadline time.Time, pl *plan, index
 		return nil, stepError(pl.name, index, prefix+s.String(), &errdefs.Error{Kind: errdefs.KindInternal,
 			Msg: fmt.Sprintf("the pipeline runs more than %d functions per request, nested pipelines included (a nested pipeline deployed since runs more steps): its requests fail until it or that pipeline is deployed again within the limit", pipedef.MaxFunctions)})
 	}
-	if sub == nil {
+	if !nested {
 		return []stage{{index: index, label: prefix + s.Function, pin: pin}}, nil
 	}
 	// A nested pipeline. Deploys refuse cycles; a race between deploys on
@@ -292,8 +311,8 @@ func (r *Runner) expand(ctx context.Context, deadline time.Time, pl *plan, index
 		return nil, stepError(pl.name, index, prefix+s.String(), &errdefs.Error{Kind: errdefs.KindInternal,
 			Msg: fmt.Sprintf("%s -> %s: pipelines form a cycle or nest deeper than %d (deployed since this pipeline): its requests fail until one of them is deployed again", joinPath(path), s.Function, pipedef.MaxDepth)})
 	}
-	if len(sub) == 0 {
-		return nil, stepError(pl.name, index, prefix+s.String(), noSteps(s.Function))
+	if err := checkSteps(s.Function, sub); err != nil {
+		return nil, stepError(pl.name, index, prefix+s.String(), err)
 	}
 	var out []stage
 	for _, ss := range sub {
