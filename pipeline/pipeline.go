@@ -518,8 +518,12 @@ type run struct {
 	// is answered as a function's would be.
 	ran atomic.Bool
 	// failed is set by the first step that fails: the request is lost,
-	// so parallel branches still running take no further step.
+	// so parallel branches still running take no further step. cause is
+	// that step's error (fail): a parallel step answers it, not the
+	// failure of a branch listed before it that a step already running
+	// made later.
 	failed atomic.Bool
+	cause  atomic.Pointer[error]
 	// copied is the payload bytes the steps' runs copied on the host
 	// (call.Request.Copied), and a parallel step's concatenation of its
 	// branches' outputs: the request's, counted under the pipeline's name.
@@ -536,6 +540,15 @@ type run struct {
 // scheduler's is given up; one running runs on).
 func (x *run) stepGone() bool {
 	return x.failed.Load() || (x.gone != nil && x.gone())
+}
+
+// fail marks the request lost by err, which is its cause where no step
+// failed before it, and returns err.
+func (x *run) fail(err error) error {
+	if x.failed.CompareAndSwap(false, true) {
+		x.cause.Store(&err)
+	}
+	return err
 }
 
 // errSibling is a branch stopped because another branch failed: never
@@ -633,8 +646,7 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 			x.r.met.observe(x.pl.name, st.index, st.label, sub.Timing.Total, err)
 		}
 		if err != nil {
-			x.failed.Store(true)
-			return sub.Output, stepError(x.pl.name, st.index, st.label, err)
+			return sub.Output, x.fail(stepError(x.pl.name, st.index, st.label, err))
 		}
 		return sub.Output, nil
 	}
@@ -689,6 +701,12 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 		}
 	}
 	err := firstFailure(errs)
+	if c := x.cause.Load(); err != nil && c != nil {
+		// Only this step's branches run now (parallel steps do not nest,
+		// and failed stops the walk before the next stage): the cause is
+		// one of theirs.
+		err = *c
+	}
 	if err == nil {
 		// Grown once to the whole: appended a branch at a time, a wide
 		// step's concatenation allocated several times its size (a
@@ -710,7 +728,9 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 }
 
 // firstFailure is the first branch's error in the listed order that is
-// its own failure, not its stop for a sibling's.
+// its own failure, not its stop for a sibling's: the answer where no
+// step failed (run.cause), but a branch stopped before its next step for
+// the request's deadline or its client.
 func firstFailure(errs []error) error {
 	var stopped error
 	for _, err := range errs {
@@ -731,13 +751,12 @@ func (x *run) appendCut(dst, out []byte, st *stage, j int) ([]byte, error) {
 	n := int64(len(out))
 	if st.cut != nil && st.cut[j] >= 0 {
 		if n < st.cut[j] {
-			x.failed.Store(true)
 			err := atStep(x.pl.name, st.index, st.label, &apierr.Error{Status: apierr.BadOutput, Msg: fmt.Sprintf("pipeline %s: step %d (%s): branch %d wrote %d bytes, its declared outputs take %d",
 				x.pl.name, st.index, st.label, j, len(out), st.cut[j])})
 			// The step's failure, though each branch ran: counted so,
 			// or the request failed with no step's error counted.
 			x.r.met.observe(x.pl.name, st.index, st.label, 0, err)
-			return dst, err
+			return dst, x.fail(err)
 		}
 		n = st.cut[j]
 	}

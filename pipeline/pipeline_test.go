@@ -24,6 +24,14 @@ func pipelineDir(t *testing.T, name string, steps ...any) string {
 	return testkit.PipelineDir(t, name, steps...)
 }
 
+// deployChain deploys function name on e, its manifest running chain.
+func deployChain(t *testing.T, e *engine.Engine, name string, chain ...abi.Launch) {
+	t.Helper()
+	m := testkit.Manifest(name)
+	m.Chain = chain
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+}
+
 // A client that leaves while a step runs stops the pipeline before its
 // next step: the next function never sees the request.
 func TestGoneStopsAtTheNextStep(t *testing.T) {

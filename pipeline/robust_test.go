@@ -57,6 +57,47 @@ func TestParallelFailureStopsSiblings(t *testing.T) {
 	}
 }
 
+// A parallel step answers its first failure in time, not the first branch's
+// in the listed order: a branch that refuses the client's input at once
+// (422, the client's to mend) is the answer though a sibling listed before
+// it, whose step was already running, fails later (500). The caller was
+// told the later 500, naming the other function (a review). Which failed
+// first is read from the steps' timings, not assumed from the kernels.
+func TestAParallelStepAnswersItsFirstFailure(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{Timeout: 30 * time.Second})
+	deployChain(t, e, "slowfail", abi.Launch{Kernel: "sleep_ms", Grid: 500, Block: 1}, abi.Launch{Kernel: "fail", Grid: 1, Block: 1})
+	deployChain(t, e, "refuse", abi.Launch{Kernel: "refuse", Grid: 1, Block: 1})
+	r := pipeline.New(e, nil)
+	for _, fn := range []string{"slowfail", "refuse"} {
+		r.Invoke(context.Background(), fn, &call.Request{Input: []byte{}}) // loaded: a branch's step starts at once
+	}
+	for _, tc := range []struct {
+		name     string
+		branches []string
+	}{
+		{"the later failure listed first", []string{"slowfail", "refuse"}},
+		{"the later failure listed last", []string{"refuse", "slowfail"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testkit.Deploy(t, e, pipelineDir(t, "p", map[string]any{"parallel": tc.branches}))
+			req := &call.Request{Input: []byte{}}
+			err := r.Invoke(context.Background(), "p", req)
+			ended := map[string]time.Duration{}
+			for _, st := range req.Steps {
+				ended[st.Step] = st.Begin + st.Timing.Total
+			}
+			// slowfail's step absent: given up in its queue, after refuse
+			// failed.
+			if slow, ran := ended["slowfail"]; ran && ended["refuse"] >= slow {
+				t.Fatalf("refuse's step ended %v into the request, slowfail's %v: the test needs refuse to fail first", ended["refuse"], slow)
+			}
+			if errdefs.KindOf(err) != errdefs.KindRejected || !strings.Contains(err.Error(), "(refuse)") {
+				t.Errorf("err = %v (kind %v), want refuse's refusal, the first failure", err, errdefs.KindOf(err))
+			}
+		})
+	}
+}
+
 // An intermediate output over the next step's max_input_bytes is the
 // pipeline's definition at fault (its steps do not fit each other), not the
 // client's: the client sent 1 byte, yet the request is answered 413 "input
