@@ -751,11 +751,17 @@ func (x *run) appendCut(dst, out []byte, st *stage, j int) ([]byte, error) {
 	n := int64(len(out))
 	if st.cut != nil && st.cut[j] >= 0 {
 		if n < st.cut[j] {
-			err := atStep(x.pl.name, st.index, st.label, &apierr.Error{Status: apierr.BadOutput, Msg: fmt.Sprintf("pipeline %s: step %d (%s): branch %d wrote %d bytes, its declared outputs take %d",
-				x.pl.name, st.index, st.label, j, len(out), st.cut[j])})
+			// Named by the branch's own step, the function that wrote
+			// it, as a step's failure is: the parallel step's label names
+			// every branch's function, one a caller told this failure
+			// may not use (Hidden), and as a metrics label no function's
+			// Forget would clear it.
+			br := st.par[j][len(st.par[j])-1].label
+			err := atStep(x.pl.name, st.index, br, &apierr.Error{Status: apierr.BadOutput, Msg: fmt.Sprintf("pipeline %s: step %d (%s): branch %d wrote %d bytes, its declared outputs take %d",
+				x.pl.name, st.index, br, j, len(out), st.cut[j])})
 			// The step's failure, though each branch ran: counted so,
 			// or the request failed with no step's error counted.
-			x.r.met.observe(x.pl.name, st.index, st.label, 0, err)
+			x.r.met.observe(x.pl.name, st.index, br, 0, err)
 			return dst, x.fail(err)
 		}
 		n = st.cut[j]

@@ -10,6 +10,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -233,15 +235,8 @@ func TestParallelLastVariableOutputNotLastIsRaw(t *testing.T) {
 // branch): its tensors cannot be cut, and its siblings' would be misplaced.
 func TestParallelLastShortBranchIsBadOutput(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
-	for _, c := range []struct {
-		name string
-		out  int64
-	}{{"fa", 2}, {"fb", 4}} {
-		m := testkit.Manifest(c.name)
-		m.OutBytes = c.out
-		m.Tensors = &abi.Tensors{Inputs: abi.RawTensors.Inputs, Outputs: []abi.Tensor{{Name: c.name, Datatype: "UINT8", Shape: []int64{4}}}}
-		testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
-	}
+	deployWriting(t, e, "fa", 2)
+	deployWriting(t, e, "fb", 4)
 	testkit.Deploy(t, e, pipelineDir(t, "p", map[string]any{"parallel": []string{"fa", "fb"}}))
 	reg := prometheus.NewRegistry()
 	err := pipeline.New(e, reg).Invoke(context.Background(), "p", &call.Request{Input: []byte{1, 2, 3, 4}})
@@ -253,6 +248,95 @@ func TestParallelLastShortBranchIsBadOutput(t *testing.T) {
 	// was counted for a failed request (a review found it).
 	if n, err := testutil.GatherAndCount(reg, "plover_pipeline_step_errors_total"); err != nil || n != 1 {
 		t.Errorf("step error series: %d (%v), want the parallel step's", n, err)
+	}
+}
+
+// deployWriting deploys function name on e, declaring an output of 4 bytes
+// and writing out bytes.
+func deployWriting(t *testing.T, e *engine.Engine, name string, out int64) {
+	t.Helper()
+	m := testkit.Manifest(name)
+	m.OutBytes = out
+	m.Tensors = &abi.Tensors{Inputs: abi.RawTensors.Inputs, Outputs: []abi.Tensor{{Name: name, Datatype: "UINT8", Shape: []int64{4}}}}
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+}
+
+// A parallel step's failure is told to a caller whose token may use every
+// function it names, and to no other (pipeline.Hidden): a short branch's
+// names its own function alone; one before the step ran (its client left)
+// names each branch's. The step's label, "parallel(secret-fn, mycnn)", was
+// matched whole against the token's globs: "*cnn*" took it and was told a
+// message naming secret-fn, while "secret-fn" and "mycnn" together were
+// told nothing; and the short branch's error series, labelled so, stayed
+// after Forget("mycnn") (a review).
+func TestAParallelStepsFailureIsToldByItsFunctions(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{Timeout: 30 * time.Second})
+	deployWriting(t, e, "secret-fn", 4)
+	deployWriting(t, e, "mycnn", 2) // short: branch 1
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Slow("slow", 300), nil))
+	par := map[string]any{"parallel": []string{"secret-fn", "mycnn"}}
+	testkit.Deploy(t, e, pipelineDir(t, "short", par))
+	testkit.Deploy(t, e, pipelineDir(t, "left", "slow", par))
+	reg := prometheus.NewRegistry()
+	r := pipeline.New(e, reg)
+	short := r.Invoke(context.Background(), "short", &call.Request{Input: []byte{1, 2, 3, 4}})
+	if st, _, _, _ := apierr.Classify(short); st != apierr.BadOutput {
+		t.Fatalf("short: %v, want mycnn's bad_output", short)
+	}
+	var gone atomic.Bool
+	done := make(chan error, 1)
+	go func() {
+		done <- r.Invoke(context.Background(), "left", &call.Request{Input: []byte{1, 2, 3, 4}, Gone: gone.Load})
+	}()
+	testkit.WaitFor(t, e, "slow", "its run to start", testkit.Busy(1, 0))
+	gone.Store(true) // the walk stops before the parallel step
+	left := <-done
+	if errdefs.KindOf(left) != errdefs.KindGone {
+		t.Fatalf("left: %v, want its client's departure before step 1", left)
+	}
+	for _, tc := range []struct {
+		name   string
+		err    error
+		globs  []string
+		hidden bool
+	}{
+		{"a short branch, to a token for it alone", short, []string{"*cnn*"}, false},
+		{"a short branch, to a token for both", short, []string{"secret-fn", "mycnn"}, false},
+		{"a short branch, to a token for its sibling alone", short, []string{"secret-*"}, true},
+		{"before the step, to a token for one branch", left, []string{"slow", "*cnn*"}, true},
+		{"before the step, to a token for both", left, []string{"slow", "secret-fn", "mycnn"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sees := func(fn string) bool {
+				for _, g := range tc.globs {
+					if ok, _ := filepath.Match(g, fn); ok {
+						return true
+					}
+				}
+				return false
+			}
+			msg, hidden := pipeline.Hidden(tc.err, sees)
+			if !hidden {
+				msg = tc.err.Error()
+			}
+			if hidden != tc.hidden {
+				t.Errorf("hidden = %v, want %v: told %q", hidden, tc.hidden, msg)
+			}
+			for _, fn := range []string{"secret-fn", "mycnn"} {
+				if strings.Contains(msg, fn) && !sees(fn) {
+					t.Errorf("told %q, naming %s, which the token may not use", msg, fn)
+				}
+			}
+		})
+	}
+	if got := stepSeries(t, reg); !slices.Contains(got, "short/0/mycnn/500") {
+		t.Errorf("step series %q, want short's error under mycnn", got)
+	}
+	r.Forget("mycnn")
+	for _, s := range stepSeries(t, reg) {
+		if strings.Contains(s, "mycnn") {
+			t.Errorf("series %s after mycnn was forgotten", s)
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/call"
@@ -62,13 +63,32 @@ func atStep(pipeline string, index int, label string, err error) error {
 // no such step.
 func Hidden(err error, sees func(string) bool) (msg string, ok bool) {
 	var f *StepFailure
-	if sees == nil || !errors.As(err, &f) || reqmetrics.StepShown(&call.StepTiming{Step: f.Label}, sees) {
+	if sees == nil || !errors.As(err, &f) || shown(f.Label, sees) {
 		return "", false
 	}
 	if f.Told != "" {
 		return f.Told, true
 	}
 	return fmt.Sprintf("pipeline %s: step %d failed (its function is one this token may not use: its owner can read why in its logs and metrics)", f.Pipeline, f.Index), true
+}
+
+// shown reports whether sees takes every name label mentions. A parallel
+// step's label ("parallel(a, b@v)", "inner/parallel(a, b)": a failure
+// before its branches ran, the request's deadline or its client gone)
+// names each branch's function: matched whole against a token's globs,
+// "*b*" took it, telling a's name to a token that may not use a.
+func shown(label string, sees func(string) bool) bool {
+	path, branches, par := strings.Cut(label, "parallel(")
+	if !par {
+		return reqmetrics.StepShown(&call.StepTiming{Step: label}, sees)
+	}
+	for b := range strings.SplitSeq(strings.TrimSuffix(branches, ")"), ", ") {
+		fn, _, _ := strings.Cut(b, "@") // a pinned version's id: not a name
+		if !reqmetrics.StepShown(&call.StepTiming{Step: path + fn}, sees) {
+			return false
+		}
+	}
+	return true
 }
 
 // StepRef is a pipeline's step whose bound a refusal names (Pin.InputBound);
