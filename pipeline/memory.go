@@ -15,12 +15,14 @@ import (
 // outputs hold (netguard.NewOrderedBudget): TryAcquire takes n if they fit
 // now, Acquire waiting until they fit or ctx ends, both clamped to the
 // budget, so that a request needing more than all of it runs alone; an
-// ordered budget serves waiters in order, so that it runs rather than
-// never. Release gives the same n back.
+// ordered budget serves waiters in order, so that a large request runs
+// rather than never. Release gives the same n back; Max is the budget
+// (0: none).
 type Memory interface {
 	TryAcquire(n int64) bool
 	Acquire(ctx context.Context, n int64) error
 	Release(n int64)
+	Max() int64
 }
 
 // goneInterval is how often a request waiting for room checks for its
@@ -88,7 +90,8 @@ func stageHolds(st *stage) (peak, out int64) {
 
 // hold takes the request's bytes of the node's Memory, waiting at most
 // memoryWait or until the request's deadline; release gives them back,
-// and waited is how long it waited for them (0: not at all).
+// and waited is how long it waited for them (0: not at all). A request
+// that needs the whole of it only tries.
 func (x *run) hold(ctx context.Context) (release func(), waited time.Duration, err error) {
 	m, n := x.r.mem, x.pl.holds
 	if m == nil || n <= 0 {
@@ -97,6 +100,13 @@ func (x *run) hold(ctx context.Context) (release func(), waited time.Duration, e
 	release = func() { m.Release(n) }
 	if m.TryAcquire(n) {
 		return release, 0, nil
+	}
+	if most := m.Max(); most > 0 && n >= most {
+		// Clamped to the whole budget, it fits only once every byte
+		// held comes back: in line (an ordered budget) it held up every
+		// request behind it, those that fit too, for up to memoryWait,
+		// at no cost to its caller but a 503.
+		return nil, 0, &apierr.Error{Status: apierr.Unavailable, Msg: fmt.Sprintf("pipeline %s: no room for its steps' outputs (%s at most at once): it needs the whole of plover serve --max-pipeline-memory (%s), so it runs only while no other pipeline request holds any, and others hold some now; retry shortly", x.pl.name, mib(n), mib(most))}
 	}
 	start := time.Now()
 	until := start.Add(memoryWait)

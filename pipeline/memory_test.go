@@ -82,10 +82,10 @@ func runner(e *engine.Engine) *pipeline.Runner { return pipeline.New(e, promethe
 
 // Pipeline requests hold their outputs' bytes of the node's budget from
 // before their first step until their last has ended: with room for one
-// request's, concurrent requests run one at a time (each request's steps,
-// read on one clock, end before the next request's begin) and every one is
-// served; a budget smaller than one request's outputs runs each alone
-// rather than never; the budget is whole again after.
+// request's and not two, concurrent requests run one at a time (each
+// request's steps, read on one clock, end before the next request's begin)
+// and every one is served; the budget is whole again after. (One needing
+// the whole budget: TestAWholeBudgetRequestNeverWaits.)
 func TestPipelinesHoldTheirOutputsInTheNodesBudget(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	m := testkit.Slow("slow", 30)
@@ -97,8 +97,8 @@ func TestPipelinesHoldTheirOutputsInTheNodesBudget(t *testing.T) {
 		name   string
 		budget int64
 	}{
-		{"room for one request's", holds},
-		{"less than one request's: each runs alone", holds / 2},
+		{"room for one request's and a byte", holds + 1}, // not the whole: it waits in line
+		{"room for one request's and a half", holds + holds/2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mem := netguard.NewOrderedBudget(tc.budget)
@@ -374,5 +374,74 @@ func TestTheWaitForRoomIsQueueTime(t *testing.T) {
 	}
 	if waited := req.Timing.Queue - steps; waited < freed.Sub(began) {
 		t.Errorf("queue %v, its steps' %v: the %v it waited for room is not in it", req.Timing.Queue, steps, freed.Sub(began))
+	}
+}
+
+// A request that needs the whole budget (or more, clamped to it) runs
+// while nothing else holds any, and is refused at once otherwise (503
+// naming the pipeline and the flag), never waiting: in line in the ordered
+// budget it held up every later request, those that fit too, for up to the
+// wait (5 s), and its caller could send another as it got its 503 (a
+// review).
+func TestAWholeBudgetRequestNeverWaits(t *testing.T) {
+	defer pipeline.SetMemoryWait(2 * time.Second)()
+	e := testkit.Engine(t, engine.Config{})
+	whole := testkit.Manifest("whole-out")
+	whole.OutBytes = 1 << 20 // the budget's
+	testkit.Deploy(t, e, testkit.BundleDir(t, whole, nil))
+	more := testkit.Manifest("more-out")
+	more.OutBytes = 4 << 20
+	testkit.Deploy(t, e, testkit.BundleDir(t, more, nil))
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("a"), nil))
+	testkit.Deploy(t, e, pipelineDir(t, "whole", "whole-out"))
+	testkit.Deploy(t, e, pipelineDir(t, "more", "more-out"))
+	testkit.Deploy(t, e, pipelineDir(t, "fits", "a", "a"))
+	for _, tc := range []struct {
+		name     string
+		pipeline string
+		held     int64 // by other requests
+		served   bool
+	}{
+		{"the whole budget, none held: runs", "whole", 0, true},
+		{"more than the budget, none held: runs alone", "more", 0, true},
+		{"the whole budget, some held: refused at once", "whole", 256, false},
+		{"more than the budget, some held: refused at once", "more", 256, false},
+		{"a part, some held: runs beside", "fits", 256, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mem := signalMemory{netguard.NewOrderedBudget(1 << 20), make(chan time.Time, 1)}
+			if !mem.TryAcquire(tc.held) {
+				t.Fatal("the budget is not empty")
+			}
+			run := runner(e)
+			run.Bound(mem)
+			req := &call.Request{Input: []byte("abcdefgh")}
+			done := make(chan error, 1)
+			go func() { done <- run.Invoke(context.Background(), tc.pipeline, req) }()
+			var err error
+			select {
+			case err = <-done:
+			case <-mem.waiting:
+				t.Errorf("%s waited in line for room, holding up every request behind it", tc.pipeline)
+				err = <-done
+			}
+			if tc.served {
+				if err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				var ae *apierr.Error
+				if !errors.As(err, &ae) || ae.Status != apierr.Unavailable || !strings.Contains(err.Error(), "pipeline "+tc.pipeline+":") ||
+					!strings.Contains(err.Error(), "the whole of plover serve --max-pipeline-memory") {
+					t.Errorf("err = %v, want a 503 naming %s and that it needs the whole of --max-pipeline-memory", err, tc.pipeline)
+				}
+				if len(req.Steps) != 0 {
+					t.Errorf("%d steps ran without room", len(req.Steps))
+				}
+			}
+			if got := mem.InUse(); got != tc.held {
+				t.Errorf("%d bytes held after the request, want the %d held before", got, tc.held)
+			}
+		})
 	}
 }

@@ -461,9 +461,11 @@ func deployDigits(t *testing.T, bin string, env []string) {
 
 // A real server holds each pipeline request's outputs in
 // --max-pipeline-memory while it runs (plover_pipeline_memory_bytes): a
-// request needing the whole budget runs alone, one beside it waits and
-// gets its 504 at its deadline, naming the flag, and the budget is whole
-// again once the first has answered.
+// request needing the whole budget runs alone; beside it, one needing
+// part waits and gets its 504 at its deadline, and one needing the whole
+// is refused at once (503, never waiting: in line it held up every later
+// request), both naming the flag; the budget is whole again once the
+// first has answered.
 func TestPipelinesHoldTheirOutputsInTheServersBudget(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds binaries and starts a server")
@@ -471,10 +473,12 @@ func TestPipelinesHoldTheirOutputsInTheServersBudget(t *testing.T) {
 	bin := buildPlover(t)
 	srv := startServer(t, bin, "--max-pipeline-memory", "1")
 	env := []string{"PLOVER_SERVER=" + srv.url}
-	m := testkit.Slow("big-slow", 1000)
+	m := testkit.Slow("big-slow", 2000)
 	m.OutBytes = 1 << 20 // the whole budget
 	run(t, bin, env, "deploy", testkit.BundleDir(t, m, nil))
 	run(t, bin, env, "deploy", pipelineDir(t, "held", "big-slow"))
+	run(t, bin, env, "deploy", testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	run(t, bin, env, "deploy", pipelineDir(t, "part", "echo"))
 	held := func() float64 { return metric(t, srv.url, "plover_pipeline_memory_bytes") }
 	if got := held(); got != 0 {
 		t.Fatalf("plover_pipeline_memory_bytes %v before any request", got)
@@ -486,9 +490,13 @@ func TestPipelinesHoldTheirOutputsInTheServersBudget(t *testing.T) {
 			t.Fatalf("plover_pipeline_memory_bytes %v while a request needing 1 MiB runs", held())
 		}
 	}
-	r := pipeInvoke(t, srv.url, "held", []byte("abcdefgh"), "X-Plover-Timeout-Ms", "200")
+	r := pipeInvoke(t, srv.url, "part", []byte("abcdefgh"), "X-Plover-Timeout-Ms", "200")
 	if r.code != 504 || !strings.Contains(string(r.body), "--max-pipeline-memory") {
-		t.Errorf("beside a request holding the whole budget: %d %s, want a 504 naming --max-pipeline-memory", r.code, r.body)
+		t.Errorf("part, beside a request holding the whole budget: %d %s, want a 504 naming --max-pipeline-memory", r.code, r.body)
+	}
+	r = pipeInvoke(t, srv.url, "held", []byte("abcdefgh"), "X-Plover-Timeout-Ms", "5000")
+	if r.code != 503 || !strings.Contains(string(r.body), "the whole of plover serve --max-pipeline-memory") {
+		t.Errorf("held again, beside a request holding the whole budget: %d %s, want a 503 saying it needs the whole of --max-pipeline-memory", r.code, r.body)
 	}
 	(<-first).ok(t, "the request holding the budget")
 	if got := held(); got != 0 {
