@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/pipedef"
@@ -110,9 +109,6 @@ func (v *version) full() bool {
 	}
 	return v.pool.full(v.policy.queue)
 }
-
-// Steps is the pinned version's pipeline steps; nil for a function.
-func (p Pin) Steps() []abi.Step { return p.v.rec.Steps }
 
 // Account counts a request the pinned version served other than through
 // Invoke (a pipeline's, whose steps ran as requests of their own), in the
