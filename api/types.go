@@ -57,9 +57,10 @@ type FunctionInfo struct {
 	// DeviceSeconds is the device time the function's runs were charged on
 	// this node since the node first ran it (what per-second billing
 	// counts): each run's use as its device measured it, at most its part
-	// of the device while it held its slot and at least its slot time over
-	// the device's slots, and a host worker's CPU used beside its runs;
-	// not the time runs held slots.
+	// of a GPU while it held its slot (on the host: its slot time times the
+	// slots) and at least its slot time over the device's slots (a run the
+	// scheduler expired at its deadline: its whole slot time), and a host
+	// worker's CPU used beside its runs; not the time runs held slots.
 	DeviceSeconds float64 `json:"device_seconds"`
 	// DeviceFraction is the function's part of the device time all
 	// functions used on this node recently (decayed over 10 s).

@@ -547,7 +547,16 @@ func TestBatchBuffersFitTheRun(t *testing.T) {
 	if r := <-invokeAsync(e, "b", item(1, 0), time.Time{}); r.err != nil || r.value != 2 {
 		t.Fatalf("the request: %+v", r)
 	}
-	if got := *sizes; len(got) != 2 || got[0] != 8 || got[1] != 8 {
-		t.Fatalf("a run of one item made buffers of %v bytes, want 8 and 8, not max_items' 128", got)
+	// Two buffers a run (in and out), from a sync.Pool: the warm-up's,
+	// reused, unless a collection emptied the pool between the runs (CI
+	// saw [8 8 8 8]).
+	got := *sizes
+	if len(got) < 2 || len(got)%2 != 0 {
+		t.Fatalf("runs of one item made buffers of %v bytes, want an input and an output at a time", got)
+	}
+	for _, n := range got {
+		if n != 8 {
+			t.Fatalf("a run of one item made buffers of %v bytes, want 8 each, not max_items' 128", got)
+		}
 	}
 }

@@ -90,11 +90,13 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		return api.FunctionInfo{}, err
 	}
 	if m.IsPipeline() {
-		if err := c.checkPipeline(ctx, name, m.Steps); err != nil {
+		sctx, cancel := storeCtx(ctx)
+		defer cancel()
+		if err := c.checkPipeline(sctx, name, m.Steps); err != nil {
 			return api.FunctionInfo{}, err
 		}
 		if !o.Aside || o.Label != "" {
-			if err := c.checkUsers(ctx, "deploy", name, m.Steps, o.Label, o.Aside); err != nil {
+			if err := c.checkUsers(sctx, "deploy", name, m.Steps, o.Label, o.Aside); err != nil {
 				if !o.Force {
 					return api.FunctionInfo{}, err
 				}

@@ -1,11 +1,13 @@
 package engine_test
 
 import (
+	"bytes"
 	"context"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
@@ -27,6 +29,11 @@ func TestAStalledStoreEndsAControlCall(t *testing.T) {
 	m := testkit.Manifest("fn")
 	m.OutBytes++
 	testkit.Deploy(t, a, testkit.BundleDir(t, m, nil))
+	testkit.Deploy(t, a, testkit.BundleDir(t, testkit.Manifest("other"), nil))
+	pipe, _, _, err := bundle.PackBytes(testkit.PipelineDir(t, "pipe", "other"))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	stalling := &stallingRecord{Store: fs, key: "functions/fn.json", stalled: make(chan struct{})}
 	stalling.armed.Store(true)
@@ -47,6 +54,12 @@ func TestAStalledStoreEndsAControlCall(t *testing.T) {
 		{"Delete, forced", func(ctx context.Context) error { return c.Delete(ctx, "fn", true) }},
 		{"Rollback", func(ctx context.Context) error { _, err := c.Rollback(ctx, "fn", v1.Version); return err }},
 		{"Unlabel", func(ctx context.Context) error { return c.Unlabel(ctx, "fn", "7") }},
+		// Its step's record reads (other's is not stalled); the listing of
+		// the pipelines that may run it stalls.
+		{"Deploy, a pipeline", func(ctx context.Context) error {
+			_, err := c.Deploy(ctx, "pipe", bytes.NewReader(pipe), false)
+			return err
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			done := make(chan error, 1)

@@ -91,7 +91,7 @@ func stageHolds(st *stage) (peak, out int64) {
 // hold takes the request's bytes of the node's Memory, waiting at most
 // memoryWait or until the request's deadline; release gives them back,
 // and waited is how long it waited for them (0: not at all). A request
-// that needs the whole of it only tries.
+// that needs the whole of it waits out of line (wholeWait).
 func (x *run) hold(ctx context.Context) (release func(), waited time.Duration, err error) {
 	m, n := x.r.mem, x.pl.holds
 	if m == nil || n <= 0 {
@@ -101,12 +101,10 @@ func (x *run) hold(ctx context.Context) (release func(), waited time.Duration, e
 	if m.TryAcquire(n) {
 		return release, 0, nil
 	}
-	if most := m.Max(); most > 0 && n >= most {
-		// Clamped to the whole budget, it fits only once every byte
-		// held comes back: in line (an ordered budget) it held up every
-		// request behind it, those that fit too, for up to memoryWait,
-		// at no cost to its caller but a 503.
-		return nil, 0, &apierr.Error{Status: apierr.Unavailable, Msg: fmt.Sprintf("pipeline %s: no room for its steps' outputs (%s at most at once): it needs the whole of plover serve --max-pipeline-memory (%s), so it runs only while no other pipeline request holds any, and others hold some now; retry shortly", x.pl.name, mib(n), mib(most))}
+	acquire, most := m.Acquire, m.Max()
+	whole := most > 0 && n >= most
+	if whole {
+		acquire = wholeWait(m)
 	}
 	start := time.Now()
 	until := start.Add(memoryWait)
@@ -142,7 +140,7 @@ func (x *run) hold(ctx context.Context) (release func(), waited time.Duration, e
 		// connection, which serves another request once it is answered.
 		defer func() { gcancel(nil); <-polled }()
 	}
-	err = m.Acquire(wctx, n)
+	err = acquire(wctx, n)
 	waited = time.Since(start)
 	switch cause := context.Cause(wctx); {
 	case err == nil:
@@ -156,8 +154,39 @@ func (x *run) hold(ctx context.Context) (release func(), waited time.Duration, e
 	case byDeadline && errors.Is(err, context.DeadlineExceeded):
 		return nil, waited, &errdefs.Error{Kind: errdefs.KindTimeout, Msg: fmt.Sprintf("pipeline %s: the request's deadline passed while it waited for room for its steps' outputs (%s at most at once) among what the server's pipelines hold (plover serve --max-pipeline-memory)", x.pl.name, mib(n))}
 	}
+	if whole {
+		return nil, waited, &apierr.Error{Status: apierr.Unavailable, Msg: fmt.Sprintf("pipeline %s: no room for its steps' outputs (%s at most at once) within %v: it needs the whole of plover serve --max-pipeline-memory (%s), so it runs only while no other pipeline request holds any; retry shortly", x.pl.name, mib(n), memoryWait, mib(most))}
+	}
 	return nil, waited, &apierr.Error{Status: apierr.Unavailable, Msg: fmt.Sprintf("pipeline %s: no room for its steps' outputs (%s at most at once) among what the server's pipelines hold (plover serve --max-pipeline-memory) within %v; retry shortly", x.pl.name, mib(n), memoryWait)}
 }
+
+// wholeWait is Acquire for a request that needs the whole budget (or more,
+// clamped to it), which fits only once every byte held comes back: it
+// tries every wholeInterval, out of the budget's line, where waiting in
+// it held up every request behind it, those that fit too, for up to
+// memoryWait. Such requests (a pipeline whose step records predate
+// out_bytes counts 1 GiB, the default budget) still run one after
+// another, each as the one before it ends.
+func wholeWait(m Memory) func(ctx context.Context, n int64) error {
+	return func(ctx context.Context, n int64) error {
+		tk := time.NewTicker(wholeInterval)
+		defer tk.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-tk.C:
+				if m.TryAcquire(n) {
+					return nil
+				}
+			}
+		}
+	}
+}
+
+// wholeInterval is how often a request needing the whole budget tries for
+// it.
+const wholeInterval = 5 * time.Millisecond
 
 // mib is n bytes in MiB, for messages.
 func mib(n int64) string {

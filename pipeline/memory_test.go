@@ -378,11 +378,13 @@ func TestTheWaitForRoomIsQueueTime(t *testing.T) {
 }
 
 // A request that needs the whole budget (or more, clamped to it) runs
-// while nothing else holds any, and is refused at once otherwise (503
-// naming the pipeline and the flag), never waiting: in line in the ordered
-// budget it held up every later request, those that fit too, for up to the
-// wait (5 s), and its caller could send another as it got its 503 (a
-// review).
+// while nothing else holds any, and otherwise waits out of the budget's
+// line, trying for it, then gets 503 naming the pipeline and the flag: in
+// line in the ordered budget it held up every later request, those that
+// fit too, for up to the wait (5 s), and its caller could send another as
+// it got its 503 (a review). Given back meanwhile, it runs: such requests
+// (step records before out_bytes count 1 GiB, the default budget) run one
+// after another.
 func TestAWholeBudgetRequestNeverWaits(t *testing.T) {
 	defer pipeline.SetMemoryWait(2 * time.Second)()
 	e := testkit.Engine(t, engine.Config{})
@@ -400,13 +402,15 @@ func TestAWholeBudgetRequestNeverWaits(t *testing.T) {
 		name     string
 		pipeline string
 		held     int64 // by other requests
+		giveBack bool  // once the request began
 		served   bool
 	}{
-		{"the whole budget, none held: runs", "whole", 0, true},
-		{"more than the budget, none held: runs alone", "more", 0, true},
-		{"the whole budget, some held: refused at once", "whole", 256, false},
-		{"more than the budget, some held: refused at once", "more", 256, false},
-		{"a part, some held: runs beside", "fits", 256, true},
+		{"the whole budget, none held: runs", "whole", 0, false, true},
+		{"more than the budget, none held: runs alone", "more", 0, false, true},
+		{"the whole budget, some held throughout: refused", "whole", 256, false, false},
+		{"more than the budget, some held throughout: refused", "more", 256, false, false},
+		{"the whole budget, some held and given back: runs", "whole", 256, true, true},
+		{"a part, some held: runs beside", "fits", 256, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mem := signalMemory{netguard.NewOrderedBudget(1 << 20), make(chan time.Time, 1)}
@@ -418,6 +422,11 @@ func TestAWholeBudgetRequestNeverWaits(t *testing.T) {
 			req := &call.Request{Input: []byte("abcdefgh")}
 			done := make(chan error, 1)
 			go func() { done <- run.Invoke(context.Background(), tc.pipeline, req) }()
+			held := tc.held
+			if tc.giveBack {
+				mem.Release(tc.held)
+				held = 0
+			}
 			var err error
 			select {
 			case err = <-done:
@@ -439,8 +448,8 @@ func TestAWholeBudgetRequestNeverWaits(t *testing.T) {
 					t.Errorf("%d steps ran without room", len(req.Steps))
 				}
 			}
-			if got := mem.InUse(); got != tc.held {
-				t.Errorf("%d bytes held after the request, want the %d held before", got, tc.held)
+			if got := mem.InUse(); got != held {
+				t.Errorf("%d bytes held after the request, want the %d held besides", got, held)
 			}
 		})
 	}

@@ -702,9 +702,10 @@ func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]cal
 	}
 	err := firstFailure(errs)
 	if c := x.cause.Load(); err != nil && c != nil {
-		// Only this step's branches run now (parallel steps do not nest,
-		// and failed stops the walk before the next stage): the cause is
-		// one of theirs.
+		// The request's first failure: one of this step's branches' (a
+		// step before it that failed ended the walk before this stage),
+		// or of a parallel step nested in one of them, which answered the
+		// same cause to its branch.
 		err = *c
 	}
 	if err == nil {
