@@ -389,36 +389,47 @@ func (x *run) before(st *stage) error {
 // request's own input.
 func (x *run) stage(ctx context.Context, st *stage, in, dst []byte, steps *[]call.StepTiming, client bool) ([]byte, error) {
 	if st.par == nil {
-		sub := call.Request{Input: in, Output: dst, Deadline: x.deadline, Gone: x.stepGone}
-		start := time.Now()
-		begin := start.Sub(x.t0)
-		err := x.invoke(ctx, st.pin, &sub, start)
-		if errdefs.KindOf(err) == errdefs.KindGone && x.failed.Load() && (x.gone == nil || !x.gone()) {
-			// Given up in its queue for a sibling's failure: the request
-			// is lost, and its answer waits for no step of this branch.
-			return sub.Output, errSibling
-		}
-		if err != nil && !client {
-			err = unfit(err)
-		}
-		x.ran.Store(true)
-		x.copied.Add(sub.Copied)
-		*steps = append(*steps, call.StepTiming{Step: st.label, Index: st.index, Version: sub.Version, Start: sub.Start, Timing: sub.Timing,
-			BatchSize: sub.BatchSize, Device: sub.Device, Begin: begin})
-		if errdefs.KindOf(err) != errdefs.KindGone {
-			// A client that left while the step waited is the pipeline's
-			// request's end (its 499, counted under its name), as one that
-			// leaves between steps (before) is: no step failed.
-			x.r.met.observe(x.pl.name, st.index, st.label, sub.Timing.Total, err)
-		}
-		if err != nil {
-			return sub.Output, x.fail(stepError(x.pl.name, st.index, st.label, err))
-		}
-		return sub.Output, nil
+		return x.step(ctx, st, in, dst, steps, client)
 	}
-	// Parallel: every branch reads in; the first runs here, the others on
-	// goroutines of their own. Outputs are concatenated in the listed order
-	// (the one copy a parallel step costs), and so are their timings.
+	return x.parallel(ctx, st, in, dst, steps, client)
+}
+
+// step runs a function's stage: one request of its own through the
+// engine, its timing appended to steps.
+func (x *run) step(ctx context.Context, st *stage, in, dst []byte, steps *[]call.StepTiming, client bool) ([]byte, error) {
+	sub := call.Request{Input: in, Output: dst, Deadline: x.deadline, Gone: x.stepGone}
+	start := time.Now()
+	begin := start.Sub(x.t0)
+	err := x.invoke(ctx, st.pin, &sub, start)
+	if errdefs.KindOf(err) == errdefs.KindGone && x.failed.Load() && (x.gone == nil || !x.gone()) {
+		// Given up in its queue for a sibling's failure: the request
+		// is lost, and its answer waits for no step of this branch.
+		return sub.Output, errSibling
+	}
+	if err != nil && !client {
+		err = unfit(err)
+	}
+	x.ran.Store(true)
+	x.copied.Add(sub.Copied)
+	*steps = append(*steps, call.StepTiming{Step: st.label, Index: st.index, Version: sub.Version, Start: sub.Start, Timing: sub.Timing,
+		BatchSize: sub.BatchSize, Device: sub.Device, Begin: begin})
+	if errdefs.KindOf(err) != errdefs.KindGone {
+		// A client that left while the step waited is the pipeline's
+		// request's end (its 499, counted under its name), as one that
+		// leaves between steps (before) is: no step failed.
+		x.r.met.observe(x.pl.name, st.index, st.label, sub.Timing.Total, err)
+	}
+	if err != nil {
+		return sub.Output, x.fail(stepError(x.pl.name, st.index, st.label, err))
+	}
+	return sub.Output, nil
+}
+
+// parallel runs a parallel stage: every branch reads in; the first runs
+// here, the others on goroutines of their own. Outputs are concatenated
+// in the listed order (the one copy a parallel step costs), and so are
+// their timings.
+func (x *run) parallel(ctx context.Context, st *stage, in, dst []byte, steps *[]call.StepTiming, client bool) ([]byte, error) {
 	n := len(st.par)
 	if x.own == nil { // before any branch's goroutine: read unlocked (invoke)
 		x.own = map[engine.Pin]*inFlight{}
