@@ -377,12 +377,15 @@ func ParseStoredManifest(r io.Reader) (*Manifest, error) { return parseManifest(
 // fraction digits, and a 300 KB max_delay of 0.000...1s was valid.
 const MaxDurationLen = 32
 
+// MaxManifestBytes bounds a manifest's size.
+const MaxManifestBytes = 1 << 20
+
 func parseManifest(r io.Reader, admit bool) (*Manifest, error) {
-	data, err := io.ReadAll(io.LimitReader(r, 1<<20+1))
+	data, err := io.ReadAll(io.LimitReader(r, MaxManifestBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("read manifest: %w", err)
 	}
-	if len(data) > 1<<20 {
+	if len(data) > MaxManifestBytes {
 		return nil, &FieldError{Field: ManifestFile, Reason: "larger than 1 MiB"}
 	}
 	if off := tooDeep(data); off >= 0 {

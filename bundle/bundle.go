@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -33,6 +34,10 @@ const MediaType = "application/vnd.plover.bundle+zstd"
 // DefaultMaxUnpacked bounds the unpacked size of one bundle: manifest maxima
 // are 1 GiB per buffer and constants rarely exceed a few GiB.
 const DefaultMaxUnpacked int64 = 4 << 30
+
+// ErrTooLarge is a bundle whose files are more than DefaultMaxUnpacked
+// bytes, refused before they are read.
+var ErrTooLarge = errors.New("bundle too large")
 
 // Error says why a bundle was refused.
 type Error struct{ Reason string }
@@ -198,11 +203,6 @@ func pack(d files, name string, w io.Writer, parse parser) (*abi.Manifest, error
 			return nil, err
 		}
 	}
-	zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedDefault))
-	if err != nil {
-		return nil, fmt.Errorf("pack: %w", err)
-	}
-	tw := tar.NewWriter(zw)
 	names := []string{abi.ManifestFile}
 	if m.Library != "" { // a pipeline's bundle is its plover.json alone
 		names = append(names, m.Library)
@@ -210,12 +210,41 @@ func pack(d files, name string, w io.Writer, parse parser) (*abi.Manifest, error
 	if m.Constants != "" {
 		names = append(names, m.Constants)
 	}
-	for _, name := range names {
-		var err error
+	// Every file opened and its size known before a byte is packed: a
+	// sparse or zero-filled file of a TiB compresses to under any bound
+	// on the bundle, and took hours to pack, to be refused by the node.
+	srcs := make([]*os.File, len(names))
+	var total int64
+	for i, name := range names {
 		if name == abi.ManifestFile && renamed != nil {
+			total += int64(len(renamed))
+			continue
+		}
+		f, err := d.open(name)
+		if err != nil {
+			return nil, fmt.Errorf("pack: %w", err)
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil {
+			return nil, fmt.Errorf("pack: %w", err)
+		}
+		srcs[i], total = f, total+fi.Size()
+	}
+	if total > DefaultMaxUnpacked {
+		return nil, fmt.Errorf("%w: %s are %d bytes, over the %d a node unpacks", ErrTooLarge, strings.Join(names, ", "), total, DefaultMaxUnpacked)
+	}
+	zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedDefault))
+	if err != nil {
+		return nil, fmt.Errorf("pack: %w", err)
+	}
+	tw := tar.NewWriter(zw)
+	for i, name := range names {
+		var err error
+		if srcs[i] == nil {
 			err = addBytes(tw, name, renamed)
 		} else {
-			err = addFile(tw, d, name)
+			err = addFile(tw, name, srcs[i])
 		}
 		if err != nil {
 			zw.Close()
@@ -240,10 +269,15 @@ func rename(d files, name string, parse parser) ([]byte, *abi.Manifest, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("manifest: %w", err)
 	}
-	raw, err := io.ReadAll(f)
+	// Bounded as a parse is: the file may have been swapped since the
+	// parse that read it (a model repository others write).
+	raw, err := io.ReadAll(io.LimitReader(f, abi.MaxManifestBytes+1))
 	f.Close()
 	if err != nil {
 		return nil, nil, fmt.Errorf("manifest: %w", err)
+	}
+	if len(raw) > abi.MaxManifestBytes {
+		return nil, nil, refuse("%s is larger than %d bytes", path, abi.MaxManifestBytes)
 	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &fields); err != nil {
@@ -278,12 +312,9 @@ func addBytes(tw *tar.Writer, name string, b []byte) error {
 	return nil
 }
 
-func addFile(tw *tar.Writer, d files, name string) error {
-	f, err := d.open(name)
-	if err != nil {
-		return fmt.Errorf("pack: %w", err)
-	}
-	defer f.Close()
+// addFile adds f, opened as name, with Pack's fixed metadata: the size it
+// has now, all it packs of a file that grows meanwhile.
+func addFile(tw *tar.Writer, name string, f *os.File) error {
 	fi, err := f.Stat()
 	if err != nil {
 		return fmt.Errorf("pack: %w", err)
@@ -291,8 +322,8 @@ func addFile(tw *tar.Writer, d files, name string) error {
 	if err := tw.WriteHeader(fixedHeader(name, fi.Size())); err != nil {
 		return fmt.Errorf("pack %s: %w", name, err)
 	}
-	if _, err := io.Copy(tw, f); err != nil {
-		return fmt.Errorf("pack %s: %w", name, err)
+	if _, err := io.CopyN(tw, f, fi.Size()); err != nil {
+		return fmt.Errorf("pack %s (changed while packed?): %w", name, err)
 	}
 	return nil
 }

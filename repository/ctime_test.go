@@ -52,42 +52,81 @@ func TestACopyKeepingItsTimesIsNotSettled(t *testing.T) {
 // no longer than that and deploys nothing again: the folder's contents are
 // what was deployed.
 func TestAMetadataChangeDeploysNothingAgain(t *testing.T) {
-	statusTimes = true
-	defer func() { statusTimes = false }()
 	const settle = 50 * time.Millisecond
-	models := filepath.Join(t.TempDir(), "models")
-	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
-	node := newFakeNode()
-	r, err := New(Config{Dir: models, Settle: settle}, node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// scanFor scans until d has passed since from, and reports the
-	// deploys made.
-	scanFor := func(from time.Time, d time.Duration) int {
-		for time.Since(from) < d {
-			r.Scan(context.Background())
-			time.Sleep(settle / 5)
-		}
-		r.Scan(context.Background())
-		node.mu.Lock()
-		defer node.mu.Unlock()
-		return node.deploys
-	}
-	for end := time.Now().Add(10 * time.Second); node.current("cnn") == "" && time.Now().Before(end); {
-		scanFor(time.Now(), settle)
-	}
-	if n := scanFor(time.Now(), 0); n != 1 || node.current("cnn") == "" {
-		t.Fatalf("a folder at rest: %d deploys, current %q, want 1 (%s)", n, node.current("cnn"), index(r))
-	}
+	models, node, r := deployedWithStatusTimes(t, settle)
 	changed := time.Now()
 	if err := os.Chmod(filepath.Join(models, "cnn", "1", "b.bin"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if n := scanFor(changed, 4*settle); n != 1 {
+	if n := scanFor(r, node, changed, 4*settle); n != 1 {
 		t.Errorf("after a mode change alone: %d deploys, want 1", n)
 	}
 	if got := index(r); !strings.Contains(got, "READY") {
 		t.Errorf("index after a mode change alone: %s, want cnn READY", got)
 	}
+}
+
+// scanFor scans r until d has passed since from, a fifth of its settle
+// time apart, and reports the deploys node had.
+func scanFor(r *Repository, node *fakeNode, from time.Time, d time.Duration) int {
+	for time.Since(from) < d {
+		r.Scan(context.Background())
+		time.Sleep(r.cfg.Settle / 5)
+	}
+	r.Scan(context.Background())
+	node.mu.Lock()
+	defer node.mu.Unlock()
+	return node.deploys
+}
+
+// New weights written in place with the size and the modification time
+// the old had (tar with SOURCE_DATE_EPOCH, cp -p of a reproducible build's
+// tree) are deployed: the folder's fingerprint had names, sizes and
+// modification times alone, so the running server kept the old bytes
+// while a restart, packing afresh, deployed the new.
+func TestARewriteKeepingSizeAndTimeIsDeployed(t *testing.T) {
+	const settle = 50 * time.Millisecond
+	models, node, r := deployedWithStatusTimes(t, settle)
+	consts := filepath.Join(models, "cnn", "1", "b.bin")
+	fi, err := os.Stat(consts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := time.Now()
+	if err := os.WriteFile(consts, []byte("CONSTANTS"), 0o644); err != nil { // "constants"' length
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(consts, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	n := scanFor(r, node, changed, 4*settle)
+	node.mu.Lock()
+	got := node.consts["cnn"]
+	node.mu.Unlock()
+	if n != 2 || got != "CONSTANTS" {
+		t.Errorf("after a rewrite keeping size and time: %d deploys, constants %q, want 2 and the new bytes (%s)", n, got, index(r))
+	}
+}
+
+// deployedWithStatusTimes is a repository of one model, cnn/1/, read with
+// status change times (the server's way), at rest and deployed by its
+// scans: once its files were still for settle.
+func deployedWithStatusTimes(t *testing.T, settle time.Duration) (models string, node *fakeNode, r *Repository) {
+	t.Helper()
+	statusTimes = true
+	t.Cleanup(func() { statusTimes = false })
+	models = filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
+	node = newFakeNode()
+	r, err := New(Config{Dir: models, Settle: settle}, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(10 * time.Second); node.current("cnn") == "" && time.Now().Before(end); {
+		scanFor(r, node, time.Now(), settle)
+	}
+	if n := scanFor(r, node, time.Now(), 0); n != 1 || node.current("cnn") == "" {
+		t.Fatalf("a folder at rest: %d deploys, current %q, want 1 (%s)", n, node.current("cnn"), index(r))
+	}
+	return models, node, r
 }

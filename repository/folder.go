@@ -130,7 +130,7 @@ func (r *Repository) listSingle(switch_ bool) (out map[string]folder, whole, wai
 		if absent != nil {
 			why = abi.ManifestFile + " is absent"
 		} else if man, err := bundle.ReadManifest(r.cfg.Dir); err != nil {
-			why = err.Error()
+			why = r.quiet(err) // the index's readers see no server path
 			if name == "" {
 				name = cmp.Or(r.single, r.top)
 			}
@@ -194,8 +194,20 @@ func (r *Repository) becomesSingle() (ok, wait bool) {
 		r.topSeen, r.topSeenAt = f.print, now
 		return false, true
 	}
-	if _, err := bundle.ReadManifest(r.cfg.Dir); err != nil || f.err != nil || now.Sub(f.stillSince(r.topSeenAt)) < r.cfg.Settle {
+	if f.err != nil || now.Sub(f.stillSince(r.topSeenAt)) < r.cfg.Settle {
 		return false, true
+	}
+	if _, err := bundle.ReadManifest(r.cfg.Dir); err != nil {
+		// Settled and still no manifest (a stray, broken file): not
+		// one being written, so no reason to scan again every Settle
+		// for good. Said once for DIR as it is; a change to DIR is
+		// looked at by the next scan.
+		if r.topBad != f.print {
+			r.topBad = f.print
+			r.cfg.Log.Warn("model repository: the "+abi.ManifestFile+" at its top does not parse: it is served as model folders until it does",
+				"dir", r.cfg.Dir, "error", err)
+		}
+		return false, false
 	}
 	r.topSeen = ""
 	r.switching = true
@@ -211,7 +223,9 @@ func (r *Repository) modelFolders() []string {
 	}
 	var out []string
 	for _, e := range ents {
-		if _, ok := r.entry(e); !ok {
+		// Not entry: each folder would be walked whole, only to be
+		// walked again by the listing after it.
+		if ok, _ := candidate(r.cfg.Dir, e); !ok {
 			continue
 		}
 		if isModel(filepath.Join(r.cfg.Dir, e.Name())) {
@@ -241,23 +255,37 @@ func isModel(dir string) bool {
 // entry is the model folder e of DIR, looked at, or ok false for an entry
 // that is none.
 func (r *Repository) entry(e fs.DirEntry) (f folder, ok bool) {
+	ok, err := candidate(r.cfg.Dir, e)
+	if !ok {
+		return folder{}, false
+	}
+	p := filepath.Join(r.cfg.Dir, e.Name())
+	if err != nil {
+		return r.reasoned(lookLink(p, err)), true
+	}
+	return r.reasoned(look(p, false)), true
+}
+
+// candidate reports whether e, in parent, may be a model folder, without
+// looking into it: a directory, or a link to one, or a link with a
+// function's name whose target cannot be stat'd now (err).
+func candidate(parent string, e fs.DirEntry) (ok bool, err error) {
 	if e.Name()[0] == '.' || e.Name() == "lost+found" {
 		// Hidden scratch space, and the file system's own folder at a
 		// volume's root (ext4's, root's and unreadable to the server;
 		// never a function's name).
-		return folder{}, false
+		return false, nil
 	}
-	p := filepath.Join(r.cfg.Dir, e.Name())
-	switch dir, err := isDir(r.cfg.Dir, e); {
+	switch dir, err := isDir(parent, e); {
 	case err != nil && !abi.ValidName(e.Name()):
 		// A link that may lead to a file beside the models (notes.txt)
 		// and could name no function: left alone, as such a file is.
 	case err != nil:
-		return r.reasoned(lookLink(p, err)), true
+		return true, err
 	case dir: // not files beside models (a README)
-		return r.reasoned(look(p, false)), true
+		return true, nil
 	}
-	return folder{}, false
+	return false, nil
 }
 
 // reasoned is f with why set.
@@ -363,8 +391,9 @@ func resolved(dir string) string {
 	return dir
 }
 
-// look fingerprints a folder: every file's and directory's name, size and
-// modification time, and the newest of those times. A linked version
+// look fingerprints a folder: every file's and directory's name, size,
+// modification and status change times and inode, and the newest of those
+// times. A linked version
 // folder (cnn/2 -> releases/v2) is looked into: a file rewritten in place
 // in it changes neither the link nor its directory.
 func look(dir string, renamed bool) folder {
@@ -388,7 +417,7 @@ func look(dir string, renamed bool) folder {
 // is no version folder and walks nothing, and no loop of links walks
 // forever.
 func (f *folder) walk(h io.Writer, root, prefix string, follow bool) error {
-	var b [16]byte
+	var b [32]byte
 	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -398,6 +427,13 @@ func (f *folder) walk(h io.Writer, root, prefix string, follow bool) error {
 			return err
 		}
 		rel, _ := filepath.Rel(root, p)
+		if follow && prefix == "" && rel == "lost+found" && d.IsDir() {
+			// The file system's own folder at a volume's root (ext4's,
+			// root's, unreadable to the server): DIR served as one
+			// bundle from a volume's root (KServe's /mnt/models, a
+			// claim) was UNAVAILABLE for good for it. Never a bundle's.
+			return fs.SkipDir
+		}
 		if f.versions && follow && rel != "." && !strings.ContainsRune(rel, filepath.Separator) && !isVersion(rel) && rel != abi.ManifestFile {
 			// Beside the version folders, no bundle's (a log, .git,
 			// Triton's config.pbtxt): left alone, as README says, and a
@@ -433,7 +469,16 @@ func (f *folder) walk(h io.Writer, root, prefix string, follow bool) error {
 			}
 		}
 		binary.LittleEndian.PutUint64(b[:8], uint64(fi.Size()))
-		binary.LittleEndian.PutUint64(b[8:], uint64(fi.ModTime().UnixNano()))
+		binary.LittleEndian.PutUint64(b[8:16], uint64(fi.ModTime().UnixNano()))
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && statusTimes {
+			// A file rewritten in place with its size and its old time
+			// (tar with SOURCE_DATE_EPOCH, cp -p of a reproducible
+			// build's tree) changes its status change time, and one
+			// replaced by a rename its inode: without them the running
+			// server kept the old bytes, a restart packed the new.
+			binary.LittleEndian.PutUint64(b[16:24], uint64(time.Unix(st.Ctim.Unix()).UnixNano()))
+			binary.LittleEndian.PutUint64(b[24:], st.Ino)
+		}
 		h.Write(b[:])
 		if c := changedAt(fi); c.After(f.newest) {
 			f.newest = c

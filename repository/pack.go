@@ -30,12 +30,18 @@ func isPipeline(dir string) bool {
 // pack packs the version folder dir (as name, unless "") in memory,
 // reading only regular files within it (bundle.PackWithin); it stops, KindTooLarge, as
 // soon as the bundle passes MaxBundleBytes (a model of some GiB is not
-// packed whole to be refused then).
+// packed whole to be refused then), and before it reads a byte where its
+// files are more than a node unpacks (bundle.ErrTooLarge).
 func (r *Repository) pack(dir, name string) ([]byte, string, *abi.Manifest, error) {
 	buf := &capped{max: r.cfg.MaxBundleBytes}
 	m, err := repackWithin(dir, name, buf) // today's rules at the deploy, for bytes the store lacks
 	if errors.Is(err, errTooLarge) {
 		return nil, "", nil, errdefs.New(errdefs.KindTooLarge, nil, "bundle is larger than %d bytes", buf.max)
+	}
+	if errors.Is(err, bundle.ErrTooLarge) {
+		// Its files' sizes, before any was read (a sparse file packs
+		// small, after hours).
+		return nil, "", nil, errdefs.New(errdefs.KindTooLarge, nil, "%s", strings.ReplaceAll(err.Error(), dir+string(filepath.Separator), ""))
 	}
 	if err != nil {
 		return nil, "", nil, err

@@ -114,11 +114,13 @@ type Repository struct {
 	// topSeen is DIR's fingerprint, as a scan last saw it, while a
 	// manifest at its top may make it one bundle, and topSeenAt when
 	// that was first seen; topWarned: the log said the manifest is left
-	// alone; switching: this scan made DIR one bundle (becomesSingle).
-	// All with the turn.
+	// alone; topBad: DIR's fingerprint when the log said its settled
+	// manifest does not parse; switching: this scan made DIR one bundle
+	// (becomesSingle). All with the turn.
 	topSeen   string
 	topSeenAt time.Time
 	topWarned bool
+	topBad    string
 	switching bool
 	// started is closed once Run's scans read DIR and found nothing
 	// settling: the folders found at start are deployed, or failed

@@ -156,17 +156,7 @@ func TestUnreadableFolderIsUnavailable(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if os.Geteuid() == 0 {
-		// As the container's user (root reads anything): the effective
-		// uid only, so that root comes back for the cleanup.
-		if err := syscall.Seteuid(10001); err != nil {
-			t.Skipf("cannot take uid 10001: %v", err)
-		}
-		defer syscall.Seteuid(0)
-	}
-	if _, err := os.ReadDir(locked[1]); err == nil {
-		t.Skip("a folder of mode 0 is readable here: nothing to show")
-	}
+	asContainerUser(t, locked[1])
 	node := newFakeNode()
 	r, err := New(Config{Dir: models, Settle: 50 * time.Millisecond}, node)
 	if err != nil {
@@ -328,5 +318,22 @@ func TestReadErrorKeepsWhatServes(t *testing.T) {
 	r.Scan(ctx)
 	if got := index(r); got != "cnn/1 READY; " {
 		t.Errorf("after the next scan: %s", got)
+	}
+}
+
+// asContainerUser runs the rest of the test as the container's user, uid
+// 10001, where it runs as root (root reads anything): the effective uid
+// only, so that root comes back for the cleanup. It skips the test where
+// the folder locked, of mode 0, can be read all the same.
+func asContainerUser(t *testing.T, locked string) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		if err := syscall.Seteuid(10001); err != nil {
+			t.Skipf("cannot take uid 10001: %v", err)
+		}
+		t.Cleanup(func() { syscall.Seteuid(0) })
+	}
+	if _, err := os.ReadDir(locked); err == nil {
+		t.Skip("a folder of mode 0 is readable here: nothing to show")
 	}
 }
