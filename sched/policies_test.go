@@ -281,7 +281,8 @@ func TestHoldFreesTheSlot(t *testing.T) {
 }
 
 // A charge beside runs moves a flow's virtual time on from where it
-// stands: from the clock for an idle flow behind it, from its own tag for
+// stands: from wakeLag behind the clock for an idle flow further behind
+// (what it keeps as it wakes), from its own tag for
 // one with runs waiting (it may lag the clock behind a higher class), never
 // back, and at most maxAhead past the clock.
 func TestChargedMovesTheTagOn(t *testing.T) {
@@ -294,7 +295,8 @@ func TestChargedMovesTheTagOn(t *testing.T) {
 		charge    time.Duration
 		want      float64
 	}{
-		{"idle, behind the clock: from the clock", false, 1, 0, 10 * ms, time.Millisecond, 11 * ms},
+		{"idle, far behind the clock: from wakeLag behind it", false, 1, 0, 30 * ms, time.Millisecond, 21 * ms},
+		{"idle, less than wakeLag behind: from its tag", false, 1, 25 * ms, 30 * ms, time.Millisecond, 26 * ms},
 		{"active, behind the clock: from its tag", true, 3, 0, 500 * ms, 300 * time.Microsecond, 0.1 * ms},
 		{"ahead, under the cap: on by the charge", true, 1, 100 * ms, 0, time.Millisecond, 101 * ms},
 		{"far ahead (a long run): not moved back", false, 1, 5000 * ms, 0, 100 * time.Microsecond, 5000 * ms},

@@ -336,10 +336,11 @@ func (s *Scheduler) join(f *Flow, now, deadline time.Time, hold time.Duration) (
 		s.place(f)       // went idle light, now a flood's: unlisted
 	}
 	if f.active && len(f.queue) == 0 {
-		// A run arriving at an empty queue starts no earlier than its
-		// class's clock, as one that wakes (start-time fair queuing): a
-		// flow that kept a run in flight but asked for fewer slots than
-		// its share did not bank the rest, to take from the others later.
+		// A run arriving at an empty queue is placed as one that wakes
+		// (start-time fair queuing): a flow that kept a run in flight
+		// but asked for fewer slots than its share banks at most the
+		// policy's bound of the rest (WFQ's wakeLag), to take from the
+		// others later.
 		s.pol.Woke(f, now)
 	}
 	if len(s.waiting) == 0 && len(s.running) < s.limit(f, now) {
