@@ -108,7 +108,12 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "deploy")
 	}
 	at := e.tab.at() // before the store changes: see land
-	pub, err := e.tab.reg.PublishWith(ctx, m, tmp, sha, n, o)
+	// The upload and the record's write end at a bound too: a store
+	// that stalled mid-upload held the deploy, its spool file and its
+	// part of --max-spool, for as long as the server ran.
+	pctx, cancel := uploadCtx(ctx, n)
+	defer cancel()
+	pub, err := e.tab.reg.PublishWith(pctx, m, tmp, sha, n, o)
 	rv, created, current := pub.Version, pub.Created, pub.Current
 	if errors.Is(err, registry.ErrConflict) {
 		return api.FunctionInfo{}, errorf(errdefs.KindConflict, err, "deploy %s: %s", name, err.Error())

@@ -91,6 +91,17 @@ func storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, storeCallBound)
 }
 
+// uploadCtx is storeCtx for a call that uploads n bytes: the bound plus
+// the time they take at uploadFloor, so that a large bundle over a slow
+// link is not cut while a stalled upload still ends.
+func uploadCtx(ctx context.Context, n int64) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, storeCallBound+time.Duration(n/uploadFloor)*time.Second)
+}
+
+// uploadFloor is the slowest upload to the store a deploy waits out,
+// bytes a second.
+const uploadFloor = 1 << 20
+
 // Functions lists every function in the store.
 func (c *Control) Functions(ctx context.Context) ([]api.FunctionInfo, error) {
 	e := c.e

@@ -3,7 +3,9 @@ package engine_test
 import (
 	"bytes"
 	"context"
+	"io"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,9 +37,14 @@ func TestAStalledStoreEndsAControlCall(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	fresh, _, _, err := bundle.PackBytes(testkit.BundleDir(t, testkit.Manifest("new"), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	stalling := &stallingRecord{Store: fs, key: "functions/fn.json", stalled: make(chan struct{})}
 	stalling.armed.Store(true)
-	b := testkit.Engine(t, engine.Config{Store: stalledListing{stalling}, Timeout: 200 * time.Millisecond})
+	b := testkit.Engine(t, engine.Config{Store: stalledBundlePut{stalledListing{stalling}}, Timeout: 200 * time.Millisecond})
 	engine.SetStoreCallBound(t, 200*time.Millisecond)
 	c := b.Control()
 	for _, tc := range []struct {
@@ -60,6 +67,11 @@ func TestAStalledStoreEndsAControlCall(t *testing.T) {
 			_, err := c.Deploy(ctx, "pipe", bytes.NewReader(pipe), false)
 			return err
 		}},
+		// The upload of its bundle stalls.
+		{"Deploy", func(ctx context.Context) error {
+			_, err := c.Deploy(ctx, "new", bytes.NewReader(fresh), false)
+			return err
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			done := make(chan error, 1)
@@ -74,4 +86,16 @@ func TestAStalledStoreEndsAControlCall(t *testing.T) {
 			}
 		})
 	}
+}
+
+// stalledBundlePut is a store whose bundle uploads stall until their
+// context ends.
+type stalledBundlePut struct{ objectstore.Store }
+
+func (s stalledBundlePut) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	if strings.HasPrefix(key, "bundles/") {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return s.Store.Put(ctx, key, r, size)
 }
