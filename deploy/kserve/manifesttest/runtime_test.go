@@ -163,22 +163,49 @@ func TestRuntimeFitsKServe(t *testing.T) {
 		t.Errorf("--listen port %s: KServe routes HTTP to 8080", httpPort)
 	}
 	// Ports: HTTP first (KServe's Service maps its port 80 to the first
-	// container port), gRPC named so that KServe marks it h2c.
+	// container port), gRPC named so that KServe marks it h2c, then the
+	// metrics port, declared because a PodMonitor's port or portNumber
+	// selects declared ports only (prometheus-operator drops the others).
 	ports := at(t, c, "ports").([]any)
-	if len(ports) != 2 {
-		t.Fatalf("ports %v: want HTTP then gRPC", ports)
+	if len(ports) != 3 {
+		t.Fatalf("ports %v: want HTTP, gRPC, then metrics", ports)
 	}
-	p0, p1 := ports[0].(map[string]any), ports[1].(map[string]any)
-	if show(p0["containerPort"]) != httpPort || show(p1["containerPort"]) != grpcPort {
-		t.Errorf("container ports %v, %v; want --listen's %s then --grpc-listen's %s", p0["containerPort"], p1["containerPort"], httpPort, grpcPort)
+	p0, p1, p2 := ports[0].(map[string]any), ports[1].(map[string]any), ports[2].(map[string]any)
+	if show(p0["containerPort"]) != httpPort || show(p1["containerPort"]) != grpcPort || show(p2["containerPort"]) != metricsPort {
+		t.Errorf("container ports %v, %v, %v; want --listen's %s, --grpc-listen's %s, --metrics-listen's %s",
+			p0["containerPort"], p1["containerPort"], p2["containerPort"], httpPort, grpcPort, metricsPort)
 	}
 	if n, _ := p1["name"].(string); !strings.Contains(n, "grpc") && !strings.Contains(n, "h2c") {
 		t.Errorf("gRPC port named %q: KServe gives h2c only to ports whose name holds grpc or h2c", n)
 	}
-	for _, probe := range []struct{ name, path string }{{"readinessProbe", "/v2/health/ready"}, {"livenessProbe", "/v2/health/live"}} {
+	if p2["name"] != "metrics" {
+		t.Errorf("metrics port named %v, want metrics (what the README's PodMonitor selects)", p2["name"])
+	}
+	// Liveness and startup on /healthz, which answers 503 once a device has
+	// failed (httpapi/control.go) and needs no token; /v2/health/live
+	// answers 200 whenever the process does, so a liveness probe there
+	// could never restart a pod with a dead GPU.
+	for _, probe := range []struct{ name, path string }{{"readinessProbe", "/v2/health/ready"}, {"livenessProbe", "/healthz"}, {"startupProbe", "/healthz"}} {
 		g := obj(t, c, probe.name, "httpGet")
 		if g["path"] != probe.path || show(g["port"]) != httpPort {
 			t.Errorf("%s: %v, want GET %s on %s", probe.name, g, probe.path, httpPort)
+		}
+	}
+	// Knative mode puts its queue-proxy in the same pod (one network
+	// namespace), listening on the ports Knative reserves
+	// (knative.dev/serving pkg/apis/serving/k8s_validation.go's
+	// reservedPorts: 8012, 8013, 8022, 9090 and 9091, 8008 for profiling;
+	// 8112 for its HTTPS), and KServe adds its own in some setups (9081, the
+	// agent for logging and batching; 9088, the queue-proxy's aggregated
+	// metrics): plover binding one of them would exit "address already in
+	// use". Knative's webhook checks declared ports only, not what a flag
+	// binds.
+	reserved := map[string]string{"8012": "Knative's queue-proxy (HTTP)", "8013": "Knative's queue-proxy (HTTP/2)", "8022": "Knative's queue-proxy (admin)",
+		"8112": "Knative's queue-proxy (HTTPS)", "9090": "Knative's queue-proxy (autoscaler metrics)", "9091": "Knative's queue-proxy (user metrics)",
+		"8008": "Knative's queue-proxy (profiling)", "9081": "KServe's agent", "9088": "KServe's queue-proxy extension (aggregated metrics)"}
+	for _, p := range []struct{ flag, port string }{{"listen", httpPort}, {"grpc-listen", grpcPort}, {"metrics-listen", metricsPort}} {
+		if who, ok := reserved[p.port]; ok {
+			t.Errorf("--%s binds port %s, which %s listens on in the same pod", p.flag, p.port, who)
 		}
 	}
 	ann := obj(t, spec, "annotations")
