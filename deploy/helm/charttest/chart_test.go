@@ -994,6 +994,15 @@ func TestRefusals(t *testing.T) {
 		{"image tag a number", required().set("image.tag", 1.1), "image.tag: a number"},
 		{"image tag an integer", required().set("image.tag", 20260101), "image.tag: a number"},
 		{"metrics on the API port", required().set("metrics.port", 8080), "metrics.port 8080 is server.port too"},
+		// Listeners the probes, the Service, the Ingress and the
+		// ServiceMonitor are derived from: one in extraArgs would win
+		// (plover takes the last) and move a listener away from them.
+		{"--listen in extraArgs", required().set("server.extraArgs", []any{"--listen=0.0.0.0:9000"}), "server.extraArgs --listen=0.0.0.0:9000: set server.port instead"},
+		{"-listen D in extraArgs", required().set("server.extraArgs", []any{"-listen", "0.0.0.0:9000"}), "server.extraArgs -listen: set server.port instead"},
+		{"--metrics-listen in extraArgs", required().set("server.extraArgs", []any{"--max-instances=8", "--metrics-listen=0.0.0.0:9100"}), "server.extraArgs --metrics-listen=0.0.0.0:9100: set metrics.enabled and metrics.port instead"},
+		{"--metrics-listen D, metrics off", required().set("metrics.enabled", false).set("server.extraArgs", []any{"--metrics-listen", ":9100"}), "server.extraArgs --metrics-listen: set metrics.enabled and metrics.port instead"},
+		{"--grpc-listen in extraArgs", required().set("grpc.enabled", true).set("server.extraArgs", []any{"--grpc-listen=0.0.0.0:9001"}), "server.extraArgs --grpc-listen=0.0.0.0:9001: set grpc.enabled and grpc.port instead"},
+		{"-grpc-listen, gRPC off", required().set("server.extraArgs", []any{"-grpc-listen=:8001"}), "server.extraArgs -grpc-listen=:8001: set grpc.enabled and grpc.port instead"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -194,11 +194,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if lt (int (include "plover.terminationGracePeriodSeconds" .)) (add (int .Values.preStopSleepSeconds) (int .Values.server.graceSeconds)) }}
 {{- fail (printf "terminationGracePeriodSeconds %v is less than preStopSleepSeconds + server.graceSeconds (%d): pods would be killed mid-drain" .Values.terminationGracePeriodSeconds (add (int .Values.preStopSleepSeconds) (int .Values.server.graceSeconds))) }}
 {{- end }}
+{{- /* Flags the chart derives other objects from: given again in extraArgs,
+       the last would win on plover's command line and leave the probes,
+       the Service, the Ingress or the ServiceMonitor on the chart's ports
+       (--listen, --metrics-listen, --grpc-listen), or the pods' termination
+       grace below the drain (--grace). */}}
+{{- $owned := dict
+      "grace" "server.graceSeconds instead: the chart passes --grace from it, and the pods' terminationGracePeriodSeconds and the --timeout check are computed from it, so a --grace of its own would be killed mid-drain"
+      "listen" "server.port instead: the chart passes --listen from it, and the probes, the Service and the Ingress reach the API on that port, so a --listen of its own would move the API away from them"
+      "metrics-listen" "metrics.enabled and metrics.port instead: the chart passes --metrics-listen from them, and the Service's metrics port and the ServiceMonitor scrape that port, so a --metrics-listen of its own would move the metrics away from them"
+      "grpc-listen" "grpc.enabled and grpc.port instead: the chart passes --grpc-listen from them, and the Service's grpc port leads there, so a --grpc-listen of its own would move gRPC away from it" }}
 {{- range (.Values.server.extraArgs | default list) }}
-{{- $a := toString . }}
-{{- if hasPrefix "--" $a }}{{ $a = trimPrefix "-" $a }}{{ end }}
-{{- if or (eq $a "-grace") (hasPrefix "-grace=" $a) }}
-{{- fail (printf "server.extraArgs %s: set server.graceSeconds instead: the chart passes --grace from it, and the pods' terminationGracePeriodSeconds and the --timeout check are computed from it, so a --grace of its own would be killed mid-drain" (toString .)) }}
+{{- $arg := toString . }}
+{{- $a := $arg }}
+{{- if hasPrefix "--" $a }}{{ $a = trimPrefix "-" $a }}{{ end }}{{/* Go's flags take -name as --name */}}
+{{- range $flag := keys $owned | sortAlpha }}
+{{- if or (eq $a (printf "-%s" $flag)) (hasPrefix (printf "-%s=" $flag) $a) }}
+{{- fail (printf "server.extraArgs %s: set %s" $arg (get $owned $flag)) }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- with include "plover.explicitTimeout" . }}
