@@ -29,7 +29,13 @@
 # landlock_create_ruleset, landlock_add_rule and landlock_restrict_self: the
 # default profiles of containerd (>= 1.6), Docker (>= 23) and CRI-O allow them,
 # check yours. Without Landlock the server logs a warning once and workers are
-# weaker contained (they can read what uid 10001 can and signal the server).
+# weaker contained: they can read what uid 10001 can and signal the server, and
+# that includes the environment of tini, the ENTRYPOINT's PID 1, which holds
+# the server's and is not made non-dumpable as the server is: any variable
+# given to the container (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for an
+# s3:// store, which are admin credentials) is readable by every function in
+# /proc/1/environ. There, run only functions you trust, or give the container
+# no secret in its environment.
 
 ARG GO_VERSION=1.26.8
 

@@ -93,3 +93,17 @@ func TestNotesTLS(t *testing.T) {
 	}
 }
 
+// TestNotesWarnOfCredentialsWithoutLandlock: without Landlock a function
+// reads PID 1's (tini's) environment, which holds the store credentials of
+// an s3:// store: NOTES says so where there are some, and does not claim it
+// for a store that needs none.
+func TestNotesWarnOfCredentialsWithoutLandlock(t *testing.T) {
+	const warn = "the environment of PID 1 (tini) included, which holds the store\ncredentials"
+	if n := renderNotes(t, required()); !strings.Contains(n, warn) {
+		t.Errorf("NOTES with an s3:// store: no %q in\n%s", warn, n)
+	}
+	file := values{}.set("store.url", "file:///var/lib/plover/store").set("replicaCount", 1).set("auth.existingSecret", "plover-auth")
+	if n := renderNotes(t, file); strings.Contains(n, "store\ncredentials") || !strings.Contains(n, "the environment of PID 1 (tini) included.") {
+		t.Errorf("NOTES with a file store: want the PID 1 warning without store credentials:\n%s", n)
+	}
+}
