@@ -214,6 +214,7 @@ func pack(d files, name string, w io.Writer, parse parser) (*abi.Manifest, error
 	// sparse or zero-filled file of a TiB compresses to under any bound
 	// on the bundle, and took hours to pack, to be refused by the node.
 	srcs := make([]*os.File, len(names))
+	sizes := make([]int64, len(names))
 	var total int64
 	for i, name := range names {
 		if name == abi.ManifestFile && renamed != nil {
@@ -229,7 +230,7 @@ func pack(d files, name string, w io.Writer, parse parser) (*abi.Manifest, error
 		if err != nil {
 			return nil, fmt.Errorf("pack: %w", err)
 		}
-		srcs[i], total = f, total+fi.Size()
+		srcs[i], sizes[i], total = f, fi.Size(), total+fi.Size()
 	}
 	if total > DefaultMaxUnpacked {
 		return nil, fmt.Errorf("%w: %s are %d bytes, over the %d a node unpacks", ErrTooLarge, strings.Join(names, ", "), total, DefaultMaxUnpacked)
@@ -244,7 +245,7 @@ func pack(d files, name string, w io.Writer, parse parser) (*abi.Manifest, error
 		if srcs[i] == nil {
 			err = addBytes(tw, name, renamed)
 		} else {
-			err = addFile(tw, name, srcs[i])
+			err = addFile(tw, name, srcs[i], sizes[i])
 		}
 		if err != nil {
 			zw.Close()
@@ -312,17 +313,14 @@ func addBytes(tw *tar.Writer, name string, b []byte) error {
 	return nil
 }
 
-// addFile adds f, opened as name, with Pack's fixed metadata: the size it
-// has now, all it packs of a file that grows meanwhile.
-func addFile(tw *tar.Writer, name string, f *os.File) error {
-	fi, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("pack: %w", err)
-	}
-	if err := tw.WriteHeader(fixedHeader(name, fi.Size())); err != nil {
+// addFile adds size bytes of f, opened as name, with Pack's fixed
+// metadata: what it had when the bundle's size was checked, all it packs
+// of a file that grows meanwhile.
+func addFile(tw *tar.Writer, name string, f *os.File, size int64) error {
+	if err := tw.WriteHeader(fixedHeader(name, size)); err != nil {
 		return fmt.Errorf("pack %s: %w", name, err)
 	}
-	if _, err := io.CopyN(tw, f, fi.Size()); err != nil {
+	if _, err := io.CopyN(tw, f, size); err != nil {
 		return fmt.Errorf("pack %s (changed while packed?): %w", name, err)
 	}
 	return nil

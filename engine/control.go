@@ -118,6 +118,9 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	if errors.Is(err, registry.ErrConflict) {
 		return api.FunctionInfo{}, errorf(errdefs.KindConflict, err, "deploy %s: %s", name, err.Error())
 	}
+	if err != nil && pctx.Err() != nil && ctx.Err() == nil {
+		return api.FunctionInfo{}, errorf(errdefs.KindUnavailable, err, "deploy %s: the upload to the store passed its bound (%v: 10 minutes and a second a MiB of the bundle)", name, uploadBound(n))
+	}
 	if err != nil {
 		return api.FunctionInfo{}, storageError(err, "deploy %s: cannot write to the store", name)
 	}

@@ -95,7 +95,12 @@ func storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // the time they take at uploadFloor, so that a large bundle over a slow
 // link is not cut while a stalled upload still ends.
 func uploadCtx(ctx context.Context, n int64) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, storeCallBound+time.Duration(n/uploadFloor)*time.Second)
+	return context.WithTimeout(ctx, uploadBound(n))
+}
+
+// uploadBound is uploadCtx's bound for n bytes.
+func uploadBound(n int64) time.Duration {
+	return storeCallBound + time.Duration(n/uploadFloor)*time.Second
 }
 
 // uploadFloor is the slowest upload to the store a deploy waits out,

@@ -70,6 +70,9 @@ func TestAStalledStoreEndsAControlCall(t *testing.T) {
 		// The upload of its bundle stalls.
 		{"Deploy", func(ctx context.Context) error {
 			_, err := c.Deploy(ctx, "new", bytes.NewReader(fresh), false)
+			if err != nil && !strings.Contains(err.Error(), "the upload to the store passed its bound") {
+				t.Errorf("a deploy whose upload stalled: %v, want it to name the bound", err)
+			}
 			return err
 		}},
 	} {

@@ -130,3 +130,21 @@ func deployedWithStatusTimes(t *testing.T, settle time.Duration) (models string,
 	}
 	return models, node, r
 }
+
+// An unloaded model stays unloaded through a change of its files' modes
+// alone (a chmod, a chown, a hard link: status change times): an unload
+// ends with a change of what the folder holds, or a load.
+func TestAnUnloadOutlivesAChmod(t *testing.T) {
+	const settle = 50 * time.Millisecond
+	models, node, r := deployedWithStatusTimes(t, settle)
+	if err := r.Unload(context.Background(), "cnn"); err != nil {
+		t.Fatal(err)
+	}
+	changed := time.Now()
+	if err := os.Chmod(filepath.Join(models, "cnn", "1", "b.bin"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if n := scanFor(r, node, changed, 4*settle); n != 1 || !strings.Contains(index(r), "unloaded") {
+		t.Errorf("an unloaded model after a mode change alone: %d deploys, index %s; want 1 and unloaded", n, index(r))
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -28,9 +29,12 @@ import (
 type folder struct {
 	dir     string
 	renamed bool
-	print   string    // names, sizes and modification times of its files
-	newest  time.Time // the latest change in it (changedAt)
-	err     error     // could not be read
+	// print: a hash of its files' names, sizes and modification times,
+	// ":", one of their status change times (contentOf).
+	print  string
+	stamps hash.Hash // status change times, while look walks
+	newest time.Time // the latest change in it (changedAt)
+	err    error     // could not be read
 	// unreadable: err is not a file going while it was read (a copy or a
 	// removal in progress) but stays until the folder changes (a folder
 	// the server may not read, a volume's I/O error).
@@ -109,6 +113,9 @@ func (r *Repository) listOne(name string) (f folder, ok bool, err error) {
 // says it may once DIR settles.
 func (r *Repository) listSingle(switch_ bool) (out map[string]folder, whole, wait bool) {
 	out = map[string]folder{}
+	if switch_ {
+		r.topRetry = false // becomesSingle says again
+	}
 	_, absent := os.Stat(filepath.Join(r.cfg.Dir, abi.ManifestFile))
 	if r.single == "" && absent == nil {
 		if !switch_ {
@@ -198,15 +205,16 @@ func (r *Repository) becomesSingle() (ok, wait bool) {
 		return false, true
 	}
 	if _, err := bundle.ReadManifest(r.cfg.Dir); err != nil {
-		// Settled and still no manifest (a stray, broken file): not
-		// one being written, so no reason to scan again every Settle
-		// for good. Said once for DIR as it is; a change to DIR is
-		// looked at by the next scan.
+		// Settled and still no manifest: a stray, broken file, or a
+		// copy that paused longer than Settle. Scanned again on the
+		// retries' back-off (up to a minute), not every Settle for
+		// good, and said once for DIR as it is.
 		if r.topBad != f.print {
 			r.topBad = f.print
-			r.cfg.Log.Warn("model repository: the "+abi.ManifestFile+" at its top does not parse: it is served as model folders until it does",
+			r.cfg.Log.Warn("model repository: the "+abi.ManifestFile+" at its top does not parse: it is served as model folders until it does (looked at again up to a minute apart)",
 				"dir", r.cfg.Dir, "error", err)
 		}
+		r.topRetry = true
 		return false, false
 	}
 	r.topSeen = ""
@@ -391,14 +399,15 @@ func resolved(dir string) string {
 	return dir
 }
 
-// look fingerprints a folder: every file's and directory's name, size,
-// modification and status change times and inode, and the newest of those
-// times. A linked version
-// folder (cnn/2 -> releases/v2) is looked into: a file rewritten in place
-// in it changes neither the link nor its directory.
+// look fingerprints a folder: every file's and directory's name, size and
+// modification time, and apart (stamps) their status change times, and
+// the newest of those times. A linked version folder (cnn/2 ->
+// releases/v2) is looked into: a file rewritten in place in it changes
+// neither the link nor its directory.
 func look(dir string, renamed bool) folder {
 	f := folder{dir: dir, renamed: renamed}
 	h := sha256.New()
+	f.stamps = sha256.New()
 	// A folder may be a link swapped to a new copy at once (cnn ->
 	// cnn-v7): what it points at is part of what it is.
 	root := resolved(dir)
@@ -406,18 +415,30 @@ func look(dir string, renamed bool) folder {
 	_, err := os.Stat(filepath.Join(root, abi.ManifestFile))
 	f.versions = errors.Is(err, fs.ErrNotExist)
 	f.err = f.walk(h, root, "", true)
-	f.print = fmt.Sprintf("%x", h.Sum(nil))
+	f.print = fmt.Sprintf("%x:%x", h.Sum(nil), f.stamps.Sum(nil))
+	f.stamps = nil
 	f.unreadable = f.err != nil && !errors.Is(f.err, fs.ErrNotExist) && !errors.Is(f.err, syscall.ENOTDIR)
 	return f
 }
 
-// walk hashes root's tree into h, each name as prefix/rel; with follow, a
-// version folder (a number just under root) that is a link to a directory
-// is walked too. Other links are only stat'd: a link deeper in (data -> /)
+// contentOf is the part of a folder's print that its files' names, sizes
+// and modification times make (a print written before status change
+// times were read is that alone): an unload ends when it changes, not
+// with a chmod, a chown or a hard link (a kubelet's fsGroup chown at each
+// pod start), nor with an upgrade that began reading those times.
+func contentOf(print string) string {
+	content, _, _ := strings.Cut(print, ":")
+	return content
+}
+
+// walk hashes root's tree into h, each name as prefix/rel, and its
+// entries' status change times into f.stamps; with follow, a version
+// folder (a number just under root) that is a link to a directory is
+// walked too. Other links are only stat'd: a link deeper in (data -> /)
 // is no version folder and walks nothing, and no loop of links walks
 // forever.
 func (f *folder) walk(h io.Writer, root, prefix string, follow bool) error {
-	var b [32]byte
+	var b [16]byte
 	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -427,11 +448,7 @@ func (f *folder) walk(h io.Writer, root, prefix string, follow bool) error {
 			return err
 		}
 		rel, _ := filepath.Rel(root, p)
-		if follow && prefix == "" && rel == "lost+found" && d.IsDir() {
-			// The file system's own folder at a volume's root (ext4's,
-			// root's, unreadable to the server): DIR served as one
-			// bundle from a volume's root (KServe's /mnt/models, a
-			// claim) was UNAVAILABLE for good for it. Never a bundle's.
+		if d.IsDir() && volumesOwn(rel, f.versions && follow) {
 			return fs.SkipDir
 		}
 		if f.versions && follow && rel != "." && !strings.ContainsRune(rel, filepath.Separator) && !isVersion(rel) && rel != abi.ManifestFile {
@@ -469,22 +486,37 @@ func (f *folder) walk(h io.Writer, root, prefix string, follow bool) error {
 			}
 		}
 		binary.LittleEndian.PutUint64(b[:8], uint64(fi.Size()))
-		binary.LittleEndian.PutUint64(b[8:16], uint64(fi.ModTime().UnixNano()))
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok && statusTimes {
+		binary.LittleEndian.PutUint64(b[8:], uint64(fi.ModTime().UnixNano()))
+		h.Write(b[:])
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && statusTimes && f.stamps != nil {
 			// A file rewritten in place with its size and its old time
 			// (tar with SOURCE_DATE_EPOCH, cp -p of a reproducible
-			// build's tree) changes its status change time, and one
-			// replaced by a rename its inode: without them the running
-			// server kept the old bytes, a restart packed the new.
-			binary.LittleEndian.PutUint64(b[16:24], uint64(time.Unix(st.Ctim.Unix()).UnixNano()))
-			binary.LittleEndian.PutUint64(b[24:], st.Ino)
+			// build's tree) moves its status change time alone: without
+			// it the running server kept the old bytes, a restart
+			// packed the new. (Not the inode: FUSE and overlayfs
+			// renumber some as their caches evict them.)
+			binary.LittleEndian.PutUint64(b[:8], uint64(time.Unix(st.Ctim.Unix()).UnixNano()))
+			f.stamps.Write(b[:8])
 		}
-		h.Write(b[:])
 		if c := changedAt(fi); c.After(f.newest) {
 			f.newest = c
 		}
 		return nil
 	})
+}
+
+// volumesOwn reports whether rel, a directory under a walk's root, is a
+// file system's own lost+found at a volume's root (ext4's, root's and
+// unreadable to the server: the folder walked into it was UNAVAILABLE for
+// good): the walk's root, or with versions a version folder, may be a
+// volume's (KServe's /mnt/models, a claim; cnn/1 mounted or linked).
+func volumesOwn(rel string, versions bool) bool {
+	dir, base := filepath.Split(rel)
+	if base != "lost+found" {
+		return false
+	}
+	dir = strings.TrimSuffix(dir, string(filepath.Separator))
+	return dir == "" || versions && isVersion(dir)
 }
 
 // isVersion reports whether name is a version folder's: a number, as

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -36,6 +37,21 @@ func TestUnloadKeptAcrossRestarts(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, false},
+		// A print kept by a server that read no status change times
+		// (before 2026-12-06), read by one that does, and a chmod
+		// meanwhile (a kubelet's fsGroup chown at the pod's start): the
+		// folder's contents are as unloaded.
+		{"a print kept before status change times, and a chmod", func(t *testing.T, _ *Repository, models, state string) {
+			b, _ := os.ReadFile(state)
+			old := regexp.MustCompile(`:[0-9a-f]{64}"`).ReplaceAllString(string(b), `"`)
+			if old == string(b) {
+				t.Fatalf("no status change times' part in the kept print: %s", b)
+			}
+			os.WriteFile(state, []byte(old), 0o600)
+			statusTimes = true
+			t.Cleanup(func() { statusTimes = false })
+			os.Chmod(filepath.Join(models, "cnn", "b.bin"), 0o600)
+		}, true},
 		{"file torn", func(t *testing.T, _ *Repository, _, state string) { os.WriteFile(state, []byte(`{"dir": `), 0o600) }, false},
 		{"file missing", func(t *testing.T, _ *Repository, _, state string) { os.Remove(state) }, false},
 		{"another repository's", func(t *testing.T, _ *Repository, _, state string) {

@@ -115,12 +115,14 @@ type Repository struct {
 	// manifest at its top may make it one bundle, and topSeenAt when
 	// that was first seen; topWarned: the log said the manifest is left
 	// alone; topBad: DIR's fingerprint when the log said its settled
-	// manifest does not parse; switching: this scan made DIR one bundle
+	// manifest does not parse (topRetry: as the last scan found it);
+	// switching: this scan made DIR one bundle
 	// (becomesSingle). All with the turn.
 	topSeen   string
 	topSeenAt time.Time
 	topWarned bool
 	topBad    string
+	topRetry  bool // topBad's DIR is looked at again on the retries' back-off
 	switching bool
 	// started is closed once Run's scans read DIR and found nothing
 	// settling: the folders found at start are deployed, or failed
@@ -372,6 +374,7 @@ func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
 	r.mu.Lock()
 	r.scans++
 	r.kept = nil // those not found: their folders went, and their unloads
+	retrying = retrying || r.topRetry
 	for _, m := range r.models {
 		retrying = retrying || m.retry || m.removing
 	}
@@ -435,7 +438,11 @@ func (r *Repository) settledLocked(m *model, f folder, now time.Time) settleResu
 	if !same {
 		m.seen, m.seenAt = f.print, now
 	}
-	if f.print == m.done {
+	// An unloaded model's folder is compared by its contents alone: a
+	// chmod, chown or hard link (a kubelet's fsGroup chown at each pod
+	// start), or a print kept by a server that read no status change
+	// times, does not end the unload.
+	if f.print == m.done || m.unloaded && contentOf(f.print) == contentOf(m.done) {
 		if m.changing {
 			// It changed and is back as it was: what the change said is
 			// no longer so.

@@ -13,78 +13,111 @@ import (
 	"github.com/plover-run/plover/errdefs"
 )
 
-// DIR served as one bundle from a volume's root (KServe's /mnt/models, a
-// claim on ext4) holds the file system's lost+found, root's and of mode
-// 0700: the look at DIR walked into it, and the only model was
-// UNAVAILABLE for good, while /readyz said ready.
-func TestASingleBundleAtAVolumesRootDeploys(t *testing.T) {
-	base, err := os.MkdirTemp("", "repository-volume-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mnt := filepath.Join(base, "mnt")
-	lf := filepath.Join(mnt, "lost+found")
-	t.Cleanup(func() { os.Chmod(lf, 0o755); os.RemoveAll(base) })
-	if err := os.Chmod(base, 0o755); err != nil { // traversable by the server's uid
-		t.Fatal(err)
-	}
-	writeBundle(t, mnt, "cnn", false)
-	if err := os.Mkdir(lf, 0); err != nil {
-		t.Fatal(err)
-	}
-	age(t, mnt)
-	asContainerUser(t, lf)
-	node := newFakeNode()
-	r, err := New(Config{Dir: mnt, Poll: time.Hour, Settle: 10 * time.Millisecond}, node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Scan(context.Background())
-	if got := index(r); node.current("cnn") != "1" || strings.Contains(got, "lost+found") {
-		t.Errorf("DIR one bundle beside lost+found: current %q, index %s; want cnn deployed", node.current("cnn"), got)
+// A volume's root (ext4) holds the file system's lost+found, root's and
+// of mode 0700: DIR served as one bundle from one (KServe's /mnt/models, a
+// claim), or a version folder that is one (mounted at cnn/1, or linked
+// there), was walked into it and UNAVAILABLE for good, while /readyz said
+// ready.
+func TestAVolumesRootServesBesideItsLostFound(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		// make writes the repository under base, returns DIR and the
+		// volume's root (where lost+found goes).
+		make func(t *testing.T, base string) (dir, volume string)
+	}{
+		{"DIR one bundle", func(t *testing.T, base string) (string, string) {
+			writeBundle(t, filepath.Join(base, "mnt"), "cnn", false)
+			return filepath.Join(base, "mnt"), filepath.Join(base, "mnt")
+		}},
+		{"a version folder", func(t *testing.T, base string) (string, string) {
+			writeBundle(t, filepath.Join(base, "models", "cnn", "1"), "cnn", false)
+			return filepath.Join(base, "models"), filepath.Join(base, "models", "cnn", "1")
+		}},
+		{"a linked version folder", func(t *testing.T, base string) (string, string) {
+			writeBundle(t, filepath.Join(base, "vol"), "cnn", false)
+			os.MkdirAll(filepath.Join(base, "models", "cnn"), 0o755)
+			if err := os.Symlink(filepath.Join(base, "vol"), filepath.Join(base, "models", "cnn", "1")); err != nil {
+				t.Fatal(err)
+			}
+			return filepath.Join(base, "models"), filepath.Join(base, "vol")
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			base, err := os.MkdirTemp("", "repository-volume-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir, volume := c.make(t, base)
+			lf := filepath.Join(volume, "lost+found")
+			t.Cleanup(func() { os.Chmod(lf, 0o755); os.RemoveAll(base) })
+			if err := os.Chmod(base, 0o755); err != nil { // traversable by the server's uid
+				t.Fatal(err)
+			}
+			if err := os.Mkdir(lf, 0); err != nil {
+				t.Fatal(err)
+			}
+			age(t, base)
+			asContainerUser(t, lf)
+			node := newFakeNode()
+			r, err := New(Config{Dir: dir, Poll: time.Hour, Settle: 10 * time.Millisecond}, node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Scan(context.Background())
+			if got := index(r); node.current("cnn") != "1" || strings.Contains(got, "lost+found") {
+				t.Errorf("beside lost+found: current %q, index %s; want cnn deployed", node.current("cnn"), got)
+			}
+		})
 	}
 }
 
-// A manifest at DIR's top that never parses (a stray, broken file), beside
-// a folder that is no model's, had Run scan every Settle for good, each
-// scan walking every folder and listing the store, and nothing said why.
-// Once DIR has settled so, Run waits for a kick, the log says it once, and
-// DIR is served as model folders.
+// A manifest at DIR's top that does not parse once DIR settled (a stray,
+// broken file; a copy that paused longer than Settle), beside a folder
+// that is no model's, had Run scan every Settle for good, each scan
+// walking every folder and listing the store, and nothing said why. It is
+// said once, scanned again on the retries' back-off, and once it parses
+// DIR serves as one bundle, no kick needed.
 func TestABrokenManifestAtTheTopIsSaidOnce(t *testing.T) {
+	const settle = 20 * time.Millisecond
 	root := filepath.Join(t.TempDir(), "models")
 	if err := os.MkdirAll(filepath.Join(root, "data"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	age(t, root)
 	var log bytes.Buffer
-	r, err := New(Config{Dir: root, Settle: 20 * time.Millisecond, Log: slog.New(slog.NewTextHandler(&log, nil))}, newFakeNode())
+	node := newFakeNode()
+	r, err := New(Config{Dir: root, Settle: settle, Log: slog.New(slog.NewTextHandler(&log, nil))}, node)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cancel, done := runRepo(r)
+	defer func() { cancel(); <-done }()
 	if !started(r, 3*time.Second) || !idleWithin(r, 3*time.Second) {
-		cancel()
-		<-done
 		t.Fatalf("not started and idle at first: %s", index(r))
 	}
-	if err := os.WriteFile(filepath.Join(root, "plover.json"), []byte(`{"name": "x"}`), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(root, "plover.json"), []byte(`{"name": "vec`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	w0 := r.waits.Load()
 	r.kick()
-	for end := time.Now().Add(3 * time.Second); r.waits.Load() == w0 && time.Now().Before(end); {
-		time.Sleep(time.Millisecond) // until Run took the kick and waits again
+	scans := func() int { r.mu.Lock(); defer r.mu.Unlock(); return r.scans }
+	start := time.Now()
+	for n := scans(); scans() < n+40 && time.Since(start) < 2*time.Second; {
+		time.Sleep(settle / 4)
 	}
-	idle := idleWithin(r, 3*time.Second)
-	for range 3 { // more kicks: the log says it once for DIR as it is
-		r.kick()
-		idleWithin(r, time.Second)
+	// Every Settle for 2 s is 100 scans; on the back-off, from Settle
+	// doubling, 7.
+	if n := scans(); n > 20 {
+		t.Errorf("%d scans in 2 s of a broken manifest at the top (settle %v), want them backing off", n, settle)
+	}
+	writeBundle(t, root, "vecadd", false)
+	for end := time.Now().Add(10 * time.Second); node.current("vecadd") == "" && time.Now().Before(end); {
+		time.Sleep(settle)
+	}
+	if node.current("vecadd") == "" {
+		t.Errorf("the manifest at the top parses now: not deployed 10 s on, no kick (index %s)", index(r))
 	}
 	cancel()
-	<-done
-	if !idle {
-		t.Errorf("Run still scanning 3 s after a broken manifest at the top settled; index: %s", index(r))
-	}
+	<-done // the log is Run's to write until then
 	if n := strings.Count(log.String(), "at its top does not parse"); n != 1 {
 		t.Errorf("the log said the broken manifest %d times, want once:\n%s", n, log.String())
 	}

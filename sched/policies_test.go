@@ -301,6 +301,7 @@ func TestChargedMovesTheTagOn(t *testing.T) {
 		{"ahead, under the cap: on by the charge", true, 1, 100 * ms, 0, time.Millisecond, 101 * ms},
 		{"far ahead (a long run): not moved back", false, 1, 5000 * ms, 0, 100 * time.Microsecond, 5000 * ms},
 		{"a long stretch of charges: capped", false, 2, 0, 10 * ms, 5 * time.Second, 10*ms + 500*ms},
+		{"idle at share 1000, far behind: wakeLag of device time behind", false, 1000, 0, 30 * ms, time.Millisecond, 30*ms - 10*ms/1000 + ms/1000},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			w := NewWFQ(time.Second)

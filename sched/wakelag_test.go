@@ -101,3 +101,44 @@ func closedLoopPart(bw float64, think, runMax int) float64 {
 	}
 	return float64(used[a]) / float64(used[a]+used[b])
 }
+
+// What a waking flow keeps is device time, whatever its weight: kept as
+// 10 ms of virtual time, a share-1000 flow idle for 45 ms beside a flood
+// of share 1 woke 10 s of device time behind it and took every slot for
+// 5.5 s, where the flood's fair turn comes every 500 ms (a review's probe).
+func TestAHeavyFlowWakesNoLongerAhead(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 2, Clock: clk})
+	d := &drv{t: t, clk: clk, s: s, runs: map[*Flow]int{}}
+	a, b := s.Flow("a"), s.Flow("b")
+	a.Set(1000, Default)
+	flood := func(ms int, fs ...*Flow) (longest int) {
+		gap := 0
+		for range ms {
+			for _, f := range fs {
+				for d.queued(f) < 8 {
+					d.admit(f)
+				}
+			}
+			before := d.runs[b]
+			d.tick()
+			if gap++; d.runs[b] > before {
+				gap = 0
+			}
+			longest = max(longest, gap)
+		}
+		return longest
+	}
+	flood(1000, a, b)
+	flood(50, b) // a's queued runs end within 5 ms; idle for 45
+	if a.active {
+		t.Fatal("a still active 50 ms after it stopped asking")
+	}
+	gap := flood(15000, a, b)
+	t.Logf("b's longest stretch with no run started after a woke: %d ms", gap)
+	// At shares 1000:1 on 2 slots b's turn comes every 500 runs' time;
+	// a's wake adds at most wakeLag of its device time, 5 ms on 2 slots.
+	if gap > 550 {
+		t.Errorf("b, backlogged, started nothing for %d ms after a share-1000 flow woke beside it, want at most 550 (its turn every 500 ms, and 5 ms of a's wake)", gap)
+	}
+}

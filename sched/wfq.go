@@ -22,8 +22,9 @@ func init() {
 // run of the class started at, or where that run went out of fair order
 // (a light function's run in its kept slot, a run past maxWait) the least
 // tag of its class's flows with runs waiting; a flow that wakes from idle
-// starts at most wakeLag behind its class's clock: time a flow did not use
-// goes to the busy ones (work conservation), banked only up to that. One clock for
+// starts at most wakeLag of device time behind its class's clock: time a
+// flow did not use goes to the busy ones (work conservation), banked only
+// up to that. One clock for
 // every class, moved by every run started, left a flow backlogged below a
 // busier class (or beside a low-share light function's runs) behind it, and
 // a flow that woke beside that one had nothing until it caught up. A run that has waited
@@ -82,26 +83,33 @@ func (w *WFQ) state(f *Flow) *wfqFlow {
 }
 
 // Woke implements Policy: a flow that wakes keeps at most wakeLag of
-// what it lagged its class's clock by.
+// device time of what it lagged its class's clock by.
 func (w *WFQ) Woke(f *Flow, now time.Time) {
 	st := w.state(f)
-	st.tag = math.Max(st.tag, w.vnow[f.Class()]-wakeLag)
+	st.tag = math.Max(st.tag, w.kept(f))
 }
 
-// wakeLag is the most virtual time (device ns at weight 1) a flow keeps
-// of its lag behind its class's clock as it wakes or a run of it arrives
-// at an empty queue; the rest went to the flows that were busy (work
-// conservation). Kept whole, a flow that asked for one slot of four beside
-// a flood banked 20 s of lag in 20 s and then took every slot from the
-// flood for 10 s. Kept at none, a flow of closed-loop clients asking for
-// about its share (a body's pieces, between which its socket fills) found
-// its queue empty at many arrivals while its other runs were in flight,
-// the clock moved on by the other flow's starts meanwhile, and lost its
-// turns with its lag: a 4 MB flood at share 3 lost 0.68 s of virtual time
-// at about 2,000 such arrivals in 5 s of the server's I/O. Bounded, a flow that
-// wakes takes at most wakeLag times its weight of device time before the
-// others (Linux's EEVDF clamps a sleeper's lag likewise).
-const wakeLag = float64(10 * time.Millisecond)
+// kept is the least tag a flow that wakes keeps: wakeLag of device time
+// behind its class's clock.
+func (w *WFQ) kept(f *Flow) float64 {
+	return w.vnow[f.Class()] - float64(wakeLag)/f.Weight()
+}
+
+// wakeLag is the most device time a flow keeps of its lag behind its
+// class's clock as it wakes or a run of it arrives at an empty queue (its
+// weight's worth of virtual time); the rest went to the flows that were
+// busy (work conservation). Kept whole, a flow that asked for one slot of
+// four beside a flood banked 20 s of lag in 20 s and then took every slot
+// from the flood for 10 s. Kept at none, a flow of closed-loop clients
+// asking for about its share (a body's pieces, between which its socket
+// fills) found its queue empty at many arrivals while its other runs were
+// in flight, the clock moved on by the other flow's starts meanwhile, and
+// lost its turns with its lag: a 4 MB flood at share 3 lost 0.68 s of
+// virtual time at about 2,000 such arrivals in 5 s of the server's I/O.
+// Bounded in device time, not virtual: 10 ms of virtual time at share
+// 1000 was 10 s of every slot, the others' runs waiting meanwhile (as
+// EEVDF bounds a sleeper's lag in real time whatever its weight).
+const wakeLag = 10 * time.Millisecond
 
 // Started implements Policy. The run is charged the flow's estimate now,
 // so that a flow cannot take every free slot before its first run ends;
@@ -191,9 +199,10 @@ func (w *WFQ) Ended(f *Flow, ran time.Duration, charged float64, now time.Time) 
 }
 
 // Charged implements Policy: time used beside runs moves the flow's
-// virtual time on as a run's would. An idle flow is charged from the clock
-// when it is behind it (its tag is raised to the clock when it wakes: a
-// charge below the clock would be lost); a flow with runs waiting or
+// virtual time on as a run's would. An idle flow is charged from where it
+// would wake (kept: wakeLag of device time behind the clock) when it is
+// further behind (its tag is raised there when it wakes: a charge below
+// would be lost); a flow with runs waiting or
 // running from its own tag, which may lag the clock (a lower class's while
 // a higher one runs) and must keep its place against its class's others.
 // A charge never moves a tag back, and moves it at most maxAhead of device
@@ -204,7 +213,7 @@ func (w *WFQ) Charged(f *Flow, d time.Duration, now time.Time) {
 	vnow := w.vnow[f.Class()]
 	from := st.tag
 	if !f.active {
-		from = math.Max(from, vnow-wakeLag)
+		from = math.Max(from, w.kept(f))
 	}
 	wt := f.Weight()
 	st.tag = math.Max(st.tag, math.Min(from+float64(d)/wt, vnow+float64(maxAhead)/wt))
@@ -223,8 +232,8 @@ const maxAhead = time.Second
 // A place at or behind the clock is left: behind it is a flow's place
 // among its own class's, below a busier class's clock, which scaling
 // would reorder. A flow moved to another class takes the new class's
-// clock, as one that wakes there, with its lead over its old class's
-// clock: behind it was among its old class's flows (a batch flow lagging
+// clock (no lag kept, unlike one that wakes there), with its lead over its
+// old class's clock: behind it was among its old class's flows (a batch flow lagging
 // below a latency flood), and taken into the new class it would take
 // every run until it caught up, owed by nobody there. The runs in flight are always converted (their charges
 // ahead are device time over the old weight), so that each run's end
