@@ -65,9 +65,22 @@ function showSignedIn() {
 
 class Unauthenticated extends Error {}
 
-// ApiError is an answer other than 2xx or 401; status is its HTTP status.
+// ApiError is an answer other than 2xx or 401; status is its HTTP status,
+// retryAfter the ms its Retry-After asks the page to wait (0: none said).
 class ApiError extends Error {
-  constructor(msg, status) { super(msg); this.status = status; }
+  constructor(msg, status, retryAfter = 0) { super(msg); this.status = status; this.retryAfter = retryAfter; }
+}
+
+// retryAfter reads an answer's Retry-After (seconds, or an HTTP date) in
+// ms, at most 5 minutes; 0 when it has none. The server sends it with a
+// 429 (the token's rate: the seconds until its bucket holds a request)
+// and a 503. Bounded: a token of a tiny rate is told hours, and a
+// setTimeout past 2^31 ms fires at once.
+function retryAfter(r) {
+  const v = r.headers.get("Retry-After");
+  if (!v) return 0;
+  const n = /^\d+$/.test(v.trim()) ? Number(v) * 1000 : Date.parse(v) - Date.now();
+  return Number.isFinite(n) && n > 0 ? Math.min(n, 300000) : 0;
 }
 
 // serverMessage is the status and the server's {"error":{"code","message"}}
@@ -78,8 +91,17 @@ async function serverMessage(r) {
 }
 
 // lastOutput is the blob: URL of the last invoke's output, revoked when the
-// next one comes.
+// next one comes or the page that shows it goes (dropOutput).
 let lastOutput = null;
+
+// dropOutput revokes the last invoke's output: the view that offered it
+// is gone (signed out, another route), and the blob would otherwise hold
+// the previous tenant's bytes in the tab, reachable by its URL, until the
+// tab closes.
+function dropOutput() {
+  if (lastOutput) URL.revokeObjectURL(lastOutput);
+  lastOutput = null;
+}
 
 // reads chains the page's reads (GETs): one is sent only once the one
 // before has its answer's headers, when the server has given its token's
@@ -97,17 +119,26 @@ const readWait = 15000;
 
 // api calls the server with the user's token; an error's message is the
 // server's {"error":{"message"}} when it sent one. opts.accept lists
-// statuses besides 2xx whose answer the caller reads (/healthz's 503).
+// statuses besides 2xx whose answer the caller reads (/healthz's 503);
+// opts.anonymous sends no token (a route open to all, where a token's
+// request would be counted against its rate).
 async function api(path, opts = {}) {
   const headers = new Headers(opts.headers || {});
-  const t = sessionStorage.getItem(KEY);
+  const t = opts.anonymous ? null : sessionStorage.getItem(KEY);
   if (t) headers.set("Authorization", "Bearer " + t);
   let sent;
   if ((opts.method || "GET") === "GET") {
     const send = async () => {
+      // late ends the request: readWait without headers, or the caller's
+      // signal (followed here, not joined with AbortSignal.any: Safari
+      // before 17.4 and Firefox before 124 have none).
       const late = new AbortController();
       const timer = setTimeout(() => late.abort(), readWait);
-      const signal = opts.signal && AbortSignal.any ? AbortSignal.any([opts.signal, late.signal]) : opts.signal || late.signal;
+      if (opts.signal) {
+        if (opts.signal.aborted) late.abort();
+        else opts.signal.addEventListener("abort", () => late.abort(), { once: true });
+      }
+      const signal = late.signal;
       try { return await fetch(path, { ...opts, headers, signal }); }
       catch (e) {
         if (late.signal.aborted && !(opts.signal && opts.signal.aborted)) throw new ApiError(path + ": no answer within " + readWait / 1000 + " s");
@@ -118,7 +149,7 @@ async function api(path, opts = {}) {
     reads = sent.then(() => {}, () => {});
   } else sent = fetch(path, { ...opts, headers });
   const r = await sent;
-  if (r.status === 401) {
+  if (r.status === 401 && !opts.anonymous) { // no token sent: none to drop
     // A request sent with a token since replaced (signed in again while it
     // ran) speaks for no one now: its view has ended.
     if (sessionStorage.getItem(KEY) !== t) throw new Unauthenticated(path);
@@ -130,11 +161,12 @@ async function api(path, opts = {}) {
     showSignIn(await serverMessage(r));
     throw new Unauthenticated(path);
   }
-  if (!r.ok && !(opts.accept || []).includes(r.status)) throw new ApiError(path + ": " + await serverMessage(r), r.status);
+  if (!r.ok && !(opts.accept || []).includes(r.status)) throw new ApiError(path + ": " + await serverMessage(r), r.status, retryAfter(r));
   return r;
 }
 
 function showSignIn(why) {
+  dropOutput(); // the view that showed it is cleared below
   document.getElementById("signin").hidden = false;
   document.getElementById("signin-error").textContent = why || "";
   main.replaceChildren();
@@ -283,18 +315,64 @@ async function figures() {
 // refresh is not read out again.
 const say = (m) => { if (statusLine.textContent !== m) statusLine.textContent = m; };
 
+// pollCap bounds how long a failing poll waits before it asks again.
+const pollCap = 30000;
+
+// every runs f now and then ms after each run ends, while the view lives.
+// Each request counts against the token's rate, as a client's would: a
+// run that fails waits longer each time in a row (twice ms, doubling, at
+// most pollCap) and at least what the server's Retry-After asks (a 429's
+// is when the token's bucket holds a request again), so that a page over
+// its token's rate does not go on taking what the token's other clients
+// could have. A hidden tab asks nothing (no one reads it), and asks at
+// once when shown again.
 function every(ms, f) {
-  let live = true, timer = null;
+  let live = true, timer = null, parked = false, fails = 0;
   const tick = async () => {
-    try { await f(); say(""); }
-    catch (e) { if (!(e instanceof Unauthenticated)) say(visible(e.message)); else live = false; }
-    if (live) timer = setTimeout(tick, ms);
+    if (!live) return;
+    if (document.hidden) { parked = true; return; }
+    let wait = ms;
+    try { await f(); fails = 0; say(""); }
+    catch (e) {
+      if (e instanceof Unauthenticated) { live = false; return; }
+      fails++;
+      wait = Math.max(Math.min(pollCap, ms * 2 ** fails), e.retryAfter || 0);
+      say(visible(e.message) + " (asking again in " + Math.ceil(wait / 1000) + " s)");
+    }
+    if (live) timer = setTimeout(tick, wait);
   };
+  const seen = () => { if (!document.hidden && parked) { parked = false; tick(); } };
+  document.addEventListener("visibilitychange", seen);
   tick();
-  stop.push(() => { live = false; clearTimeout(timer); });
+  stop.push(() => { live = false; clearTimeout(timer); document.removeEventListener("visibilitychange", seen); });
 }
 
 // ---- overview ----
+
+// nodeHealth is /healthz's answer with each device's memory, for the
+// overview. It is asked without the token: the server answers anyone
+// (a probe) and counts nothing, where a token's request costs one of its
+// rate each refresh. With tokens, that answer holds each device's name,
+// target and health only; its memory comes from /metrics (samples, read
+// with the token for the functions already) and, while a device is
+// unhealthy, its error from /healthz asked with the token: one request
+// more a refresh only then. An unhealthy device is a 503 with the same
+// body: shown, not taken for a failed read.
+async function nodeHealth(samples) {
+  const ask = async (anonymous) => (await api("/healthz", { accept: [503], anonymous })).json();
+  const h = await ask(true);
+  const withheld = (h.devices || []).some((d) => !("mem_total_bytes" in d));
+  if (!withheld || !sessionStorage.getItem(KEY)) return h;
+  if (h.status !== "ok") return ask(false);
+  const mem = Object.create(null); // by device name
+  const set = (dev, k, v) => { (mem[dev] ||= {})[k] = v; };
+  for (const s of samples) {
+    if (s.name === "plover_device_memory_bytes" && ["total", "free", "used"].includes(s.labels.kind)) set(s.labels.device, "mem_" + s.labels.kind + "_bytes", s.value);
+    else if (s.name === "plover_pinned_host_bytes") set(s.labels.device, "pinned_host_bytes", s.value);
+    else if (s.name === "plover_pin_refusals_total") set(s.labels.device, "pin_refusals", s.value);
+  }
+  return { ...h, devices: h.devices.map((d) => ({ ...d, ...mem[d.name] })) };
+}
 
 function overview() {
   const fnBody = el("tbody", { id: "functions" });
@@ -306,7 +384,7 @@ function overview() {
     el("section", {}, el("h2", {}, "Node"), health),
     el("section", {}, el("h2", {}, "Scheduler flows"), el("table", {}, el("thead", {}, el("tr", {}, ...["function", "priority", "share", "queued", "device seconds", "device share"].map((h) => el("th", {}, h)))), flows)));
   every(2000, async () => {
-    const { fns, q } = await figures();
+    const { fns, samples, q } = await figures();
     fnBody.replaceChildren(...fns.map((f) => {
       const l = q[f.name] || {};
       return el("tr", { "data-function": f.name },
@@ -323,9 +401,7 @@ function overview() {
     flows.replaceChildren(...fns.filter((f) => f.kind !== "pipeline").map((f) =>
       el("tr", { "data-flow": f.name }, el("td", {}, f.name), el("td", {}, f.priority || ""), el("td", { class: "num" }, f.share ?? ""),
         el("td", { class: "num" }, f.queue_depth || 0), el("td", { class: "num" }, (f.device_seconds || 0).toFixed(3)), el("td", { class: "num" }, pct(f.device_fraction)))));
-    // An unhealthy device is a 503 with the same body, each device's error
-    // in it: shown, not taken for a failed read.
-    const h = await (await api("/healthz", { accept: [503] })).json();
+    const h = await nodeHealth(samples);
     health.replaceChildren(el("p", { class: h.status === "ok" ? "ok" : "error", id: "health-status" }, "status: " + h.status),
       el("table", {}, el("tbody", {}, ...(h.devices || []).map((d) =>
         el("tr", {}, ...Object.entries(d).map(([k, v]) => el("td", {}, k + ": " + (typeof v === "object" ? JSON.stringify(v) : v))))))));
@@ -343,6 +419,10 @@ function functionPage(name, query) {
   const versions = el("tbody", { id: "versions" });
   // Kept apart from the status line, which each refresh clears.
   const rollbackError = el("p", { class: "error", id: "rollback-error" });
+  // What a rollback that landed says its caller should know (the
+  // pipelines running the function that will now fail), as plover
+  // rollback prints it: kept until the next rollback, refreshes or not.
+  const rollbackWarnings = el("div", { class: "warning", id: "rollback-warnings", role: "status", "aria-live": "polite" });
   // Focusable, so that a keyboard scrolls it; a region named for what it
   // holds (not a live one: a function printing fast would be read out).
   const logs = el("pre", { class: "logs", id: "logs", tabindex: "0", role: "region", "aria-label": "output of " + name });
@@ -352,7 +432,7 @@ function functionPage(name, query) {
   const form = el("form", { id: "invoke" }, el("label", { for: "invoke-file" }, "Input file "), file, " ", el("button", { type: "submit" }, "Invoke"));
   form.addEventListener("submit", (ev) => { ev.preventDefault(); invoke(name, file.files[0], result); });
   main.replaceChildren(el("h2", {}, name), summary,
-    el("section", {}, el("h3", {}, "Versions"), el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "version"), el("th", {}, "deployed"), el("th", {}, "by"), el("th", {}, "size"), el("th", {}, ""))), versions), rollbackError),
+    el("section", {}, el("h3", {}, "Versions"), el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "version"), el("th", {}, "deployed"), el("th", {}, "by"), el("th", {}, "size"), el("th", {}, ""))), versions), rollbackError, rollbackWarnings),
     el("section", {}, el("h3", {}, "Invoke"), form, result),
     el("section", {}, el("h3", { id: "chart-title" }, "Latency of the requests in the last " + win + " (p50 blue, p99 orange, from the server's histogram, sampled every 2 s)"), chart),
     el("section", {}, el("h3", {}, "Output"), logs));
@@ -368,10 +448,20 @@ function functionPage(name, query) {
     versions.replaceChildren(...(rec.versions || []).slice().reverse().map((v) => {
       const cur = v.id === rec.current;
       const b = cur ? el("span", { class: "ok" }, "current") : el("button", { class: "rollback", "data-version": v.id, onclick: async () => {
+        rollbackError.textContent = "";
+        rollbackWarnings.replaceChildren();
         try {
-          await api("/v1/functions/" + enc + "/rollback", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ version: v.id }) });
-          await showVersions();
-          rollbackError.textContent = "";
+          const r = await api("/v1/functions/" + enc + "/rollback", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ version: v.id }) });
+          // It landed whatever its answer's body says: a body that is not
+          // the JSON expected only loses the warnings.
+          let fi = {};
+          try { fi = await r.json(); } catch (_) {}
+          const warnings = Array.isArray(fi.warnings) ? fi.warnings : [];
+          if (warnings.length) {
+            rollbackWarnings.replaceChildren(el("p", {}, "Rolled back to " + short(fi.version || v.id) + ", with warnings:"),
+              el("ul", {}, ...warnings.map((w) => el("li", {}, "warning: " + visible(String(w))))));
+          }
+          await showVersions().catch(() => {}); // landed: the next refresh shows it, or says why not
         } catch (e) { if (!(e instanceof Unauthenticated)) rollbackError.textContent = visible(e.message); }
       }, "aria-label": "Roll back to " + short(v.id) }, "Roll back");
       return el("tr", { "data-version": v.id, class: cur ? "current" : "" }, el("td", {}, short(v.id)), el("td", {}, v.created), el("td", { class: "tenant" }, v.tenant || ""), el("td", { class: "num" }, bytes(v.size)), el("td", {}, b));
@@ -389,6 +479,7 @@ function functionPage(name, query) {
       versions.replaceChildren();
       shown = "";
       rollbackError.textContent = "";
+      rollbackWarnings.replaceChildren();
       points.length = 0;
       recent.reset();
       drawChart(chart, points, name, win);
@@ -406,6 +497,7 @@ function functionPage(name, query) {
     if (q) { points.push(q); if (points.length > 120) points.shift(); drawChart(chart, points, name, win); }
   });
   followLogs(enc, logs);
+  stop.push(dropOutput); // its download link goes with the view
 }
 
 function svg(tag, attrs) {
@@ -502,13 +594,19 @@ function pane(pre) {
 // A hidden tab follows nothing: a stream holds one of the 6 connections a
 // browser keeps to a server over HTTP/1.1, and six function pages open in
 // tabs left every other request of every tab waiting for ever. It follows
-// again, from where it was, once shown.
+// again, from where it was, once shown. A stream that sends no byte for
+// stallMs (the server sends an empty line after 15 s of quiet,
+// httpapi/logs.go's followKeepAlive: three of them missed) is taken for
+// stalled (a proxy that holds it, a server that hangs): the pane says so
+// and it is followed again, after the same pauses.
+const stallMs = 45000;
 async function followLogs(enc, pre) {
-  const ac = new AbortController();
+  // round ends one request: the view's end, a hidden tab or a stall
+  // aborts it.
   let live = true, wake = null, round = null;
   const seen = () => { if (document.hidden) { if (round) round.abort(); } else if (wake) wake(); };
   document.addEventListener("visibilitychange", seen);
-  stop.push(() => { live = false; ac.abort(); document.removeEventListener("visibilitychange", seen); if (wake) wake(); });
+  stop.push(() => { live = false; if (round) round.abort(); document.removeEventListener("visibilitychange", seen); if (wake) wake(); });
   const show = pane(pre);
   // The last line's time, and how many lines at that time were shown: a
   // stream that starts again from that time sends them again.
@@ -520,14 +618,22 @@ async function followLogs(enc, pre) {
       continue;
     }
     round = new AbortController();
+    let quiet = null, stalled = false;
     try {
-      const r = await api("/v1/functions/" + enc + "/logs?follow=true&since=" + encodeURIComponent(since), { signal: AbortSignal.any([ac.signal, round.signal]) });
-      note = ""; pause = 1000; refusedSince = null;
+      const r = await api("/v1/functions/" + enc + "/logs?follow=true&since=" + encodeURIComponent(since), { signal: round.signal });
+      refusedSince = null;
       const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
-      let buf = "", skip = atLast;
+      const thisRound = round;
+      const watch = () => { clearTimeout(quiet); quiet = setTimeout(() => { stalled = true; thisRound.abort(); }, stallMs); };
+      watch();
+      let buf = "", skip = atLast, flowing = false;
       for (;;) {
         const { value, done } = await reader.read();
         if (done) break;
+        watch();
+        // Bytes came, a keep-alive's at least: the stream works, and its
+        // next failure is said and paused for afresh.
+        if (!flowing) { flowing = true; note = ""; pause = 1000; }
         buf += value;
         const lines = [];
         let i;
@@ -545,15 +651,18 @@ async function followLogs(enc, pre) {
       }
       end("[output stream ended]");
     } catch (e) {
-      if (e instanceof Unauthenticated || ac.signal.aborted) return;
-      if (round.signal.aborted) { if (last) since = last; continue; } // hidden: followed again once shown
+      if (e instanceof Unauthenticated || !live) return;
       // A token limited to one stream is refused its new one until the
       // server sees the last page's go (a reload: up to a second's poll):
       // asked again quietly for a few seconds before it is said.
       const refused = e.status === 429 && /stream/.test(e.message);
-      if (refused && (refusedSince ??= Date.now()) > Date.now() - 5000) pause = 500;
+      if (stalled) end("[output stream stalled: nothing from the server in " + stallMs / 1000 + " s; following again]");
+      else if (round.signal.aborted) { if (last) since = last; continue; } // hidden: followed again once shown
+      else if (refused && (refusedSince ??= Date.now()) > Date.now() - 5000) pause = 500;
       else end("[output stream ended: " + visible(e.message) + "]");
-    }
+      // Over the token's rate: not before the server says it may be.
+      if (e.retryAfter) pause = Math.max(pause, e.retryAfter);
+    } finally { clearTimeout(quiet); }
     if (last) since = last;
     await new Promise((res) => { wake = res; setTimeout(res, pause); });
     pause = Math.min(2 * pause, 30000);
@@ -582,7 +691,10 @@ async function invoke(name, f, result) {
       const [n, ...kv] = p.split(";");
       return el("tr", {}, el("td", {}, n), el("td", { class: "num" }, kv.map((x) => x.replace(/^dur=/, "") + (x.startsWith("dur=") ? " ms" : "")).join(" ")));
     });
-    if (lastOutput) URL.revokeObjectURL(lastOutput); // one output held at a time
+    // The view ended while it ran (signed out, another route): nothing
+    // shows it, so nothing holds it.
+    if (!result.isConnected) return;
+    dropOutput(); // one output held at a time
     const url = lastOutput = URL.createObjectURL(new Blob([out], { type: "application/octet-stream" }));
     result.replaceChildren(
       el("p", { class: "ok" }, "200 · " + (r.headers.get("X-Plover-Start") || "") + " · version " + short(r.headers.get("X-Plover-Version") || "") + " · " + out.byteLength + " bytes · ",
