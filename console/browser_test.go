@@ -161,15 +161,15 @@ func startBrowser(t *testing.T) *browser {
 	return &browser{t: t, ctx: ctx}
 }
 
-// tab opens a tab; before each document it loads, it runs script (none
-// when "").
-func (b *browser) tab(script string) *browser {
-	b.t.Helper()
+// tab opens a tab for t, closed as t ends (its page polling no more);
+// before each document it loads, it runs script (none when "").
+func (b *browser) tab(t *testing.T, script string) *browser {
+	t.Helper()
 	ctx, cancel := chromedp.NewContext(b.ctx)
-	b.t.Cleanup(cancel)
-	tb := &browser{t: b.t, ctx: ctx}
+	t.Cleanup(cancel)
+	tb := &browser{t: t, ctx: ctx}
 	if _, err := chromedp.Run(ctx, chromedp.Navigate("about:blank")); err != nil {
-		b.t.Fatalf("open a tab: %v", err)
+		t.Fatalf("open a tab: %v", err)
 	}
 	go func() {
 		for ev, err := range chromedp.Events(ctx, page.JavascriptDialogOpening) {
@@ -182,7 +182,7 @@ func (b *browser) tab(script string) *browser {
 	}()
 	if script != "" {
 		if _, err := chromedp.Call(ctx, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: script}); err != nil {
-			b.t.Fatalf("add a script to the tab: %v", err)
+			t.Fatalf("add a script to the tab: %v", err)
 		}
 	}
 	return tb
@@ -263,7 +263,7 @@ func TestPollsSpareTheTokensRate(t *testing.T) {
 			http.NotFound(w, r)
 		}
 	})
-	p := b.tab("")
+	p := b.tab(t, "")
 	p.do(30*time.Second, "the overview with the node's devices",
 		chromedp.Navigate(f.url+"/ui/#/?token="+token),
 		poll(`document.getElementById("health").textContent.includes("mem_total_bytes: 1000") && document.getElementById("health").textContent.includes("status: ok")`))
@@ -320,60 +320,66 @@ func TestPollsSpareTheTokensRate(t *testing.T) {
 	f.waitAsks("/v1/functions", len(f.asks("/v1/functions"))+1, 10*time.Second)
 }
 
-// functionAPI is a function f's routes, with versions v0 and v1 (current):
-// a rollback to v0 warns, as one past a pipeline running the function
-// does; an invoke answers "output bytes"; each followed stream sends one
-// line ("hello-N", the Nth stream) and then nothing, not even the
-// server's keep-alive: stalled.
-func functionAPI() http.HandlerFunc {
-	var mu sync.Mutex
-	current, streams := "v1", 0
-	ids := map[string]string{"v0": strings.Repeat("0", 64), "v1": strings.Repeat("1", 64)}
-	return func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		cur := current
-		mu.Unlock()
-		switch r.URL.Path {
-		case "/v1/functions/f":
-			writeJSON(w, 200, map[string]any{"name": "f", "version": ids[cur]})
-		case "/v1/functions/f/versions":
-			writeJSON(w, 200, map[string]any{"current": ids[cur], "versions": []map[string]any{
-				{"id": ids["v0"], "created": "2025-01-01T00:00:00Z", "size": 1}, {"id": ids["v1"], "created": "2025-01-02T00:00:00Z", "size": 1}}})
-		case "/metrics":
-		case "/v1/functions/f/rollback":
-			var body struct{ Version string }
-			json.NewDecoder(r.Body).Decode(&body)
-			fi := map[string]any{"name": "f", "version": body.Version}
-			mu.Lock()
-			current = "v1"
-			if body.Version == ids["v0"] {
-				current = "v0"
-				fi["warnings"] = []string{`rolled back: pipeline outer runs f <b id="injected">past its limit</b>`}
-			}
-			mu.Unlock()
-			writeJSON(w, 200, fi)
-		case "/v1/functions/f/invoke":
-			w.Header().Set("Content-Type", "application/octet-stream")
-			fmt.Fprint(w, "output bytes")
-		case "/v1/functions/f/logs":
-			mu.Lock()
-			streams++
-			n := streams
-			mu.Unlock()
-			w.Header().Set("Content-Type", "application/x-ndjson")
-			json.NewEncoder(w).Encode(map[string]any{"time": fmt.Sprintf("2025-01-01T00:00:%02dZ", n), "stream": "stdout", "pid": 1, "line": fmt.Sprintf("hello-%d", n)})
-			w.(http.Flusher).Flush()
-			<-r.Context().Done()
-		default:
-			http.NotFound(w, r)
+// vid is version i's id: 64 times its digit.
+func vid(i int) string { return strings.Repeat(fmt.Sprint(i), 64) }
+
+// fn is a function f's routes, with versions vid(0) .. vid(n-1), vid(1)
+// current: a rollback to vid(0) warns, as one past a pipeline running the
+// function does; an invoke answers "output bytes"; each followed stream
+// sends one line ("hello-N", the Nth stream) and then nothing, not even
+// the server's keep-alive: stalled.
+type fn struct {
+	mu                  sync.Mutex
+	current, n, streams int
+}
+
+func (s *fn) serve(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	cur, n := s.current, s.n
+	s.mu.Unlock()
+	switch r.URL.Path {
+	case "/v1/functions/f":
+		writeJSON(w, 200, map[string]any{"name": "f", "version": vid(cur), "versions": n})
+	case "/v1/functions/f/versions":
+		var vs []map[string]any
+		for i := range n {
+			vs = append(vs, map[string]any{"id": vid(i), "created": fmt.Sprintf("2025-01-0%dT00:00:00Z", i+1), "size": 1})
 		}
+		writeJSON(w, 200, map[string]any{"current": vid(cur), "versions": vs})
+	case "/metrics":
+	case "/v1/functions/f/rollback":
+		var body struct{ Version string }
+		json.NewDecoder(r.Body).Decode(&body)
+		fi := map[string]any{"name": "f", "version": body.Version}
+		s.mu.Lock()
+		s.current = int(body.Version[0] - '0')
+		if s.current == 0 {
+			fi["warnings"] = []string{`rolled back: pipeline outer runs f <b id="injected">past its limit</b>`}
+		}
+		s.mu.Unlock()
+		writeJSON(w, 200, fi)
+	case "/v1/functions/f/invoke":
+		w.Header().Set("Content-Type", "application/octet-stream")
+		fmt.Fprint(w, "output bytes")
+	case "/v1/functions/f/logs":
+		s.mu.Lock()
+		s.streams++
+		n := s.streams
+		s.mu.Unlock()
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		json.NewEncoder(w).Encode(map[string]any{"time": fmt.Sprintf("2025-01-01T00:00:%02dZ", n), "stream": "stdout", "pid": 1, "line": fmt.Sprintf("hello-%d", n)})
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	default:
+		http.NotFound(w, r)
 	}
 }
 
-// TestFunctionPage: a function's page against functionAPI.
+// TestFunctionPage: a function's page against fn.
 func TestFunctionPage(t *testing.T) {
 	b := startBrowser(t)
-	f := newFake(t, functionAPI())
+	st := &fn{current: 1, n: 2}
+	f := newFake(t, st.serve)
 	open := func(p *browser) {
 		t.Helper()
 		p.do(30*time.Second, "f's page",
@@ -385,10 +391,9 @@ func TestFunctionPage(t *testing.T) {
 	// A rollback's warnings (what it breaks) are shown as text, and stay
 	// through the refreshes until the next rollback.
 	t.Run("rollback warnings", func(t *testing.T) {
-		p := b.tab("")
-		p.t = t
+		p := b.tab(t, "")
 		open(p)
-		v0 := strings.Repeat("0", 64)
+		v0 := vid(0)
 		p.do(10*time.Second, "rollback to v0",
 			chromedp.Click(chromedp.CSS(`button.rollback[data-version="`+v0+`"]`)),
 			poll(`document.getElementById("rollback-warnings").textContent.includes("pipeline outer runs f")`),
@@ -400,15 +405,32 @@ func TestFunctionPage(t *testing.T) {
 		if eval[bool](p, `document.getElementById("injected") !== null`) {
 			t.Error("a warning's HTML became an element")
 		}
-		f.waitAsks("/v1/functions/f/versions", len(f.asks("/v1/functions/f/versions"))+2, 10*time.Second)
-		f.waitAsks("/v1/functions/f", len(f.asks("/v1/functions/f"))+1, 10*time.Second) // the refresh after
+		// Two refreshes, and the one after them has drawn.
+		f.waitAsks("/v1/functions/f", len(f.asks("/v1/functions/f"))+3, 15*time.Second)
 		if got := eval[string](p, `document.getElementById("rollback-warnings").textContent`); !strings.Contains(got, "pipeline outer runs f") {
 			t.Errorf("two refreshes after the rollback its warnings show as %q", got)
 		}
 		p.do(10*time.Second, "rollback to v1, which warns of nothing",
-			chromedp.Click(chromedp.CSS(`button.rollback[data-version="`+strings.Repeat("1", 64)+`"]`)),
-			chromedp.WaitVisible(chromedp.CSS(`tr.current[data-version="`+strings.Repeat("1", 64)+`"]`)),
+			chromedp.Click(chromedp.CSS(`button.rollback[data-version="`+vid(1)+`"]`)),
+			chromedp.WaitVisible(chromedp.CSS(`tr.current[data-version="`+vid(1)+`"]`)),
 			poll(`document.getElementById("rollback-warnings").textContent === ""`))
+	})
+
+	// The versions are asked for again only when they changed (the
+	// current version, their count), not each refresh: each request
+	// counts against the token's rate.
+	t.Run("versions asked when changed", func(t *testing.T) {
+		p := b.tab(t, "")
+		refreshes, versions := len(f.asks("/v1/functions/f")), len(f.asks("/v1/functions/f/versions"))
+		open(p)
+		f.waitAsks("/v1/functions/f", refreshes+4, 15*time.Second)
+		if n := len(f.asks("/v1/functions/f/versions")) - versions; n != 1 {
+			t.Errorf("over 4 refreshes of an unchanged function the page asked for its versions %d times, want once", n)
+		}
+		st.mu.Lock()
+		st.n = 3 // deployed elsewhere, not made current
+		st.mu.Unlock()
+		p.do(10*time.Second, "a version deployed elsewhere", chromedp.WaitVisible(chromedp.CSS(`#versions tr[data-version="`+vid(2)+`"]`)))
 	})
 
 	// Signing out revokes the last output's blob: URL, which held the
@@ -416,15 +438,13 @@ func TestFunctionPage(t *testing.T) {
 	// page of the origin without the console's policy (connect-src 'self'
 	// keeps the console's own from fetching blob: URLs).
 	t.Run("sign-out revokes the output", func(t *testing.T) {
-		p := b.tab("")
-		p.t = t
+		p := b.tab(t, "")
 		open(p)
 		p.do(10*time.Second, "invoke",
 			chromedp.Click(chromedp.CSS(`#invoke button[type="submit"]`)),
 			chromedp.WaitVisible(chromedp.CSS("#invoke-download")))
 		href := eval[string](p, `document.getElementById("invoke-download").href`)
-		other := b.tab("")
-		other.t = t
+		other := b.tab(t, "")
 		other.do(10*time.Second, "a page of the origin", chromedp.Navigate(f.url+"/blank"))
 		read := `fetch(` + fmt.Sprintf("%q", href) + `).then((r) => r.text(), (e) => "failed: " + e)`
 		if got := eval[string](other, read); got != "output bytes" {
@@ -442,8 +462,7 @@ func TestFunctionPage(t *testing.T) {
 	// A browser without AbortSignal.any (before 2024's): the output is
 	// followed all the same.
 	t.Run("no AbortSignal.any", func(t *testing.T) {
-		p := b.tab(`delete AbortSignal.any;`)
-		p.t = t
+		p := b.tab(t, `delete AbortSignal.any;`)
 		open(p)
 		if eval[bool](p, `typeof AbortSignal.any === "function"`) {
 			t.Fatal("the page has AbortSignal.any: the test would not see a browser without it")
@@ -458,8 +477,7 @@ func TestFunctionPage(t *testing.T) {
 	// pane says it stalled and follows again. The page's 45 s is made
 	// 1.5 s here (its own timers of that length, before it loads).
 	t.Run("stalled stream", func(t *testing.T) {
-		p := b.tab(`{ const st = window.setTimeout; window.setTimeout = (f, ms, ...a) => st(f, ms === 45000 ? 1500 : ms, ...a); }`)
-		p.t = t
+		p := b.tab(t, `{ const st = window.setTimeout; window.setTimeout = (f, ms, ...a) => st(f, ms === 45000 ? 1500 : ms, ...a); }`)
 		n := len(f.asks("/v1/functions/f/logs"))
 		open(p)
 		p.do(15*time.Second, "the stall said and the output followed again",

@@ -468,6 +468,13 @@ function functionPage(name, query) {
     }));
   };
   const points = [];
+  // The versions are asked for only when the function's current version
+  // or count of versions changed, and every 30 s besides (a deploy that
+  // is not made current while an old version is retired changes
+  // neither): each request counts against the token's rate, and this one
+  // seldom changes. A refresh is two requests so, not three: within a
+  // burst of 2.
+  let versionsOf = "", versionsAt = 0;
   every(2000, async () => {
     let r;
     try { r = await api("/v1/functions/" + enc); }
@@ -478,6 +485,7 @@ function functionPage(name, query) {
       summary.replaceChildren(el("p", { class: "error", id: "gone" }, "function " + name + " not found (deleted?)"));
       versions.replaceChildren();
       shown = "";
+      versionsOf = "";
       rollbackError.textContent = "";
       rollbackWarnings.replaceChildren();
       points.length = 0;
@@ -492,7 +500,11 @@ function functionPage(name, query) {
         ["max instances", m.max_instances ?? ""], ["requests", f.requests || 0], ["errors (client / server)", (f.client_errors || 0) + " / " + (f.errors || 0)],
         ["instances busy / idle", (f.instances_busy || 0) + " / " + (f.instances_idle || 0)], ["device memory", bytes(f.device_memory_bytes || 0)]]
         .map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, String(v)))))));
-    await showVersions();
+    const of = f.version + " " + f.versions;
+    if (of !== versionsOf || performance.now() - versionsAt > 30000) {
+      await showVersions();
+      versionsOf = of; versionsAt = performance.now();
+    }
     const q = recent.add(parseMetrics(await (await api("/metrics")).text()), performance.now());
     if (q) { points.push(q); if (points.length > 120) points.shift(); drawChart(chart, points, name, win); }
   });
