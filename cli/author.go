@@ -174,14 +174,23 @@ func initCmd() *command {
 			if dir == "" {
 				dir = args[0]
 			}
+			if strings.HasPrefix(dir, "~") {
+				// The shell expands ~ only at a word's start: --dir=~/x
+				// came as it is, and made a directory named ~ here.
+				return usagef(env, "init", "--dir %q: the shell did not expand its ~ (it does not after --dir=): write --dir ~/... with a space, or $HOME/...", dir)
+			}
 			if err := writeInit(dir, spec); err != nil {
 				return err
+			}
+			shown := dir
+			if abs, err := filepath.Abs(dir); err == nil {
+				shown = abs
 			}
 			if asJSON {
 				return printJSON(env.Stdout, map[string]string{"dir": dir, "name": spec.Name, "entry": spec.Symbol, "source": spec.Source, "constants": spec.Constants})
 			}
 			fmt.Fprintf(env.Stdout, "created %s: %s (entry %s), plover.json, %s, include/, Makefile, gen_input.py, README.txt\n\n",
-				dir, spec.Source, spec.Symbol, spec.Constants)
+				shown, spec.Source, spec.Symbol, spec.Constants)
 			fmt.Fprintf(env.Stdout, "Next:\n  cd %s\n", shellQuote(dir))
 			fmt.Fprintf(env.Stdout, "  python3 gen_input.py input.bin 1000           # 1000 float32s\n")
 			fmt.Fprintf(env.Stdout, "  plover build .                                # -> build/host/ (--target cuda|all)\n")
@@ -207,6 +216,13 @@ func writeInit(dir string, spec *initSpec) error {
 		return err
 	}
 	if err := os.MkdirAll(filepath.Join(dir, "include"), 0o755); err != nil {
+		if link, to, ok := danglingLink(dir); ok {
+			where := ""
+			if link != filepath.Clean(dir) {
+				where = dir + ": "
+			}
+			return fmt.Errorf("%s%s is a dangling symbolic link (to %s, which does not exist): remove the link, or create what it points to", where, link, to)
+		}
 		return err
 	}
 	for name, b := range files {
@@ -219,6 +235,22 @@ func writeInit(dir string, spec *initSpec) error {
 		}
 	}
 	return nil
+}
+
+// danglingLink finds the symbolic link to nothing on the way to path (path
+// itself included), which mkdir answers only with "file exists".
+func danglingLink(path string) (link, to string, ok bool) {
+	for p := filepath.Clean(path); ; p = filepath.Dir(p) {
+		if fi, err := os.Lstat(p); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
+				to, _ := os.Readlink(p)
+				return p, to, true
+			}
+		}
+		if parent := filepath.Dir(p); parent == p {
+			return "", "", false
+		}
+	}
 }
 
 // resolveBundle says which bundle directory plover run and plover deploy act

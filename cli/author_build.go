@@ -68,6 +68,14 @@ func buildCmd() *command {
 			if out == "" {
 				out = filepath.Join(dir, BuildDir)
 			}
+			for _, t := range targets {
+				if bdir := filepath.Join(out, t); sameDir(bdir, dir) {
+					// The bundle's plover.json (no build section) would
+					// replace the source's, and its constants copied onto
+					// themselves were deleted.
+					return usagef(env, "build", "--out %s: the %s bundle would be written to %s, which is the source directory %s: its plover.json would be overwritten; give another --out", out, t, bdir, dir)
+				}
+			}
 			var built []*builtBundle
 			for _, t := range targets {
 				b, err := buildTarget(dir, out, t, m, env)
@@ -184,6 +192,17 @@ func buildTarget(dir, out, target string, m *abi.Manifest, env *Env) (*builtBund
 		b.Constants, b.ConstantsBytes = m.Constants, constants.Size()
 	}
 	return b, nil
+}
+
+// sameDir reports whether a and b are one directory, however named (a
+// relative path, .., a symbolic link); false where either is not there.
+func sameDir(a, b string) bool {
+	ai, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	bi, err := os.Stat(b)
+	return err == nil && os.SameFile(ai, bi)
 }
 
 // outputPath is path as the compiler, run in dir, should see it: relative

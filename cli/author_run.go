@@ -51,7 +51,7 @@ func runCmd() *command {
 			case timeout <= 0:
 				return usagef(env, "run", "--timeout %v: want a positive duration", timeout)
 			case !asJSON && out == "-" && env.StdoutIsTerminal:
-				return errors.New("the output is binary: write it with --out FILE, or ask for --json")
+				return usagef(env, "run", "the output is binary and stdout is a terminal: write it with --out FILE, or ask for --json")
 			}
 			dir, err := resolveBundle(args[0], abi.TargetHost, env)
 			if err != nil {
@@ -71,9 +71,7 @@ func runCmd() *command {
 				}
 			}
 			if asJSON {
-				for _, w := range rep.Warnings { // also where a person sees them
-					fmt.Fprintf(env.Stderr, "warning: %s\n", w)
-				}
+				printWarnings(env.Stderr, rep.Warnings) // also where a person sees them
 				if out == "-" {
 					rep.Output = output
 				}
@@ -359,9 +357,7 @@ func batchItems(m *abi.Manifest, n int, dir string) (uint32, error) {
 
 // print writes the report's timing breakdown for a person.
 func (rep *runReport) print(w io.Writer) {
-	for _, warn := range rep.Warnings {
-		fmt.Fprintf(w, "warning: %s\n", warn)
-	}
+	printWarnings(w, rep.Warnings)
 	runs := "1 run"
 	if rep.Runs > 1 {
 		runs = fmt.Sprintf("%d runs on one instance", rep.Runs)
@@ -377,8 +373,8 @@ func (rep *runReport) print(w io.Writer) {
 	case rep.Items > 1:
 		batch = fmt.Sprintf(" (%d items, one batch)", rep.Items)
 	}
-	fmt.Fprintf(w, "%s (%s): chain [%s], %s in%s, %s out, %s on the host device%s\n", rep.Function, rep.Bundle,
-		strings.Join(rep.Chain, " "), humanBytes(int64(rep.InputBytes)), batch, humanBytes(rep.OutputBytes), runs, mode)
+	fmt.Fprintf(w, "%s (%s): chain [%s], %s in%s, %s out, %s on the host device%s\n", visible(rep.Function), visible(rep.Bundle),
+		visible(strings.Join(rep.Chain, " ")), humanBytes(int64(rep.InputBytes)), batch, humanBytes(rep.OutputBytes), runs, mode)
 	t := rep.Timing
 	phases := []struct {
 		name string

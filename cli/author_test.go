@@ -41,7 +41,7 @@ func TestAuthorArguments(t *testing.T) {
 		{[]string{"run", dir}, false, 2, "--in FILE is required"},
 		{[]string{"run", dir, "--in", "x", "--repeat", "0"}, false, 2, "--repeat 0: want 1 or more"},
 		{[]string{"run", dir, "--in", "x", "--repeat", "many"}, false, 2, `invalid argument "many" for "--repeat"`},
-		{[]string{"run", dir, "--in", "x"}, true, 1, "the output is binary"},
+		{[]string{"run", dir, "--in", "x"}, true, 2, "the output is binary"},
 		{[]string{"run", "--in", "x"}, false, 2, "plover run: takes 1 argument(s), got 0"},
 		{[]string{"run", filepath.Join(dir, "none"), "--in", filepath.Join(dir, "taken"), "--out", filepath.Join(dir, "o")}, false, 1, "manifest:"},
 		{[]string{"run", filepath.Join(dir, "none"), "--in", filepath.Join(dir, "absent")}, false, 1, "--in: open"},
@@ -545,5 +545,78 @@ func TestStaleSourcesDefaultInclude(t *testing.T) {
 	os.Chtimes(h, past, past.Add(2*time.Minute))
 	if got := staleSources(src, m, built); got != h {
 		t.Fatalf("stale by %q, want the edited header %s", got, h)
+	}
+}
+
+// plover build refuses an --out whose <target> is the source directory
+// itself, however named: the bundle's plover.json replaced the source's
+// (its build section gone), and its constants, linked onto themselves,
+// were deleted.
+func TestBuildOutIsTheSource(t *testing.T) {
+	src := initDir(t, "host")
+	parent := filepath.Dir(src)
+	link := filepath.Join(t.TempDir(), "via-link")
+	if err := os.Symlink(parent, link); err != nil {
+		t.Fatal(err)
+	}
+	manifest, _ := os.ReadFile(filepath.Join(src, "plover.json"))
+	for _, tt := range []struct {
+		name, cwd string
+		args      []string
+		bdir, dir string // in the message
+	}{
+		{"the parent", "", []string{"build", src, "--out", parent}, src, src},
+		{"through a link", "", []string{"build", src, "--out", link}, filepath.Join(link, "host"), src},
+		{"in the parent: host --out .", parent, []string{"build", "host", "--out", "."}, "host", "host"},
+		{"in the source: . --out ..", src, []string{"build", ".", "--out", ".."}, filepath.Join("..", "host"), "."},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.cwd != "" {
+				t.Chdir(tt.cwd)
+			}
+			_, errs, code := runMain(t, nil, tt.args...)
+			want := fmt.Sprintf("plover build: --out %s: the host bundle would be written to %s, which is the source directory %s: its plover.json would be overwritten; give another --out", tt.args[3], tt.bdir, tt.dir)
+			if code != 2 || !strings.HasPrefix(errs, want) {
+				t.Errorf("exit %d, stderr %q; want exit 2 and %q", code, errs, want)
+			}
+			if b, _ := os.ReadFile(filepath.Join(src, "plover.json")); !bytes.Equal(b, manifest) {
+				t.Errorf("the source plover.json changed:\n%s", b)
+				os.WriteFile(filepath.Join(src, "plover.json"), manifest, 0o644) // for the next case
+			}
+			if _, err := os.Stat(filepath.Join(src, "constants.bin")); err != nil {
+				t.Errorf("the source's constants: %v", err)
+			}
+		})
+	}
+}
+
+// plover init says what a --dir it cannot use is: a ~ the shell left
+// unexpanded (--dir=~/x made ./~/x and said "created ~/x"), a dangling
+// link ("mkdir dangling: file exists"); and where it created the
+// directory, as an absolute path.
+func TestInitDirSlips(t *testing.T) {
+	tmp := t.TempDir()
+	t.Chdir(tmp)
+	if err := os.Symlink(filepath.Join(tmp, "gone"), "dangling"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		dir  string
+		code int
+		want string // stdout and stderr
+	}{
+		{"~/x", 2, `plover init: --dir "~/x": the shell did not expand its ~ (it does not after --dir=): write --dir ~/... with a space, or $HOME/...`},
+		{"~", 2, `plover init: --dir "~": the shell did not expand its ~`},
+		{"dangling", 1, "plover init: dangling is a dangling symbolic link (to " + filepath.Join(tmp, "gone") + ", which does not exist): remove the link, or create what it points to"},
+		{"dangling/sub", 1, "plover init: dangling/sub: dangling is a dangling symbolic link"},
+		{"made", 0, "created " + filepath.Join(tmp, "made") + ": fn.cu"},
+	} {
+		out, errs, code := runMain(t, nil, "init", "fn", "--dir="+tt.dir)
+		if code != tt.code || !strings.Contains(out+errs, tt.want) {
+			t.Errorf("--dir=%s: exit %d, output %q; want exit %d and %q", tt.dir, code, out+errs, tt.code, tt.want)
+		}
+	}
+	if _, err := os.Lstat("~"); err == nil {
+		t.Errorf("a directory named ~ was made")
 	}
 }

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -43,6 +45,10 @@ type command struct {
 	// complete offers values for the positional arguments (function names
 	// from the server); nil offers files.
 	complete func(fs *flag.FlagSet, args []string, toComplete string) ([]string, cobra.ShellCompDirective)
+	// noEnv names flags that read no PLOVER_<FLAG> variable: one that is
+	// plover serve's for another meaning (gc's --grace is a bundle's age,
+	// serve's the shutdown's), set in the shell for a server.
+	noEnv []string
 }
 
 // Env is the process environment a command runs in.
@@ -266,7 +272,11 @@ func (c *command) cobra(env *Env) *cobra.Command {
 			// environment and every flag given; it reads no variables.
 			if !c.hidden {
 				serverGiven := cmd.Flags().Changed("server")
-				if err := flagsFromEnv(cmd.Flags(), env); err != nil {
+				unread, err := endpointChosen(cmd.Flags())
+				if err != nil {
+					return usagef(env, c.name, "%v", err)
+				}
+				if err := flagsFromEnv(cmd.Flags(), env, append(unread, c.noEnv...)...); err != nil {
 					fmt.Fprintf(env.Stderr, "plover %s: %v\n", c.name, err)
 					return &usageError{err.Error()}
 				}
@@ -302,12 +312,16 @@ func (c *command) cobra(env *Env) *cobra.Command {
 		}
 		cc.Flags().AddFlag(pf)
 	})
-	if vars := envNames(cc.Flags()); len(vars) > 0 {
+	if vars := envNames(cc.Flags(), c.noEnv); len(vars) > 0 {
 		cc.Long += "\n\nEach flag can also be set in the environment (the command line wins): " + strings.Join(vars, ", ") + "."
+		if c.name != "serve" && !c.hidden {
+			cc.Long += sharedWithServe(cc.Flags(), c.noEnv)
+		}
 	}
 	if c.complete != nil {
 		cc.ValidArgsFunction = func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
-			flagsFromEnv(cmd.Flags(), env)
+			unread, _ := endpointChosen(cmd.Flags())
+			flagsFromEnv(cmd.Flags(), env, append(unread, c.noEnv...)...)
 			return c.complete(fs, args, toComplete)
 		}
 	}
@@ -320,10 +334,10 @@ func envName(flag string) string {
 	return "PLOVER_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
-func envNames(fs *pflag.FlagSet) []string {
+func envNames(fs *pflag.FlagSet, noEnv []string) []string {
 	var names []string
 	fs.VisitAll(func(f *pflag.Flag) {
-		if f.Name != "help" {
+		if f.Name != "help" && !slices.Contains(noEnv, f.Name) {
 			names = append(names, envName(f.Name))
 		}
 	})
@@ -331,12 +345,42 @@ func envNames(fs *pflag.FlagSet) []string {
 	return names
 }
 
+// sharedWithServe is the help's note on the variables a command shares
+// with plover serve: one exported in a shell for a server is read by the
+// client commands run there too, and a user reading only this command's
+// help would not guess it.
+func sharedWithServe(fs *pflag.FlagSet, noEnv []string) string {
+	serve := serveFlagSet()
+	var vars, flags []string
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Name != "help" && !slices.Contains(noEnv, f.Name) && serve.Lookup(f.Name) != nil {
+			vars, flags = append(vars, envName(f.Name)), append(flags, "--"+f.Name)
+		}
+	})
+	switch len(vars) {
+	case 0:
+		return ""
+	case 1:
+		return fmt.Sprintf(" %s is plover serve's variable too (its %s): one exported for a server applies here as well; give the flag to choose.", vars[0], flags[0])
+	}
+	return fmt.Sprintf(" %s are plover serve's variables too (its %s): one exported for a server applies here as well; give the flag to choose.", strings.Join(vars, ", "), strings.Join(flags, ", "))
+}
+
+// serveFlagSet is plover serve's flags, declared once for every command's
+// help to look up.
+var serveFlagSet = sync.OnceValue(func() *flag.FlagSet {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	serveCmd().flags(fs)
+	return fs
+})
+
 // flagsFromEnv sets every flag not given on the command line from its
-// PLOVER_<FLAG> variable, where that is set and not empty.
-func flagsFromEnv(fs *pflag.FlagSet, env *Env) error {
+// PLOVER_<FLAG> variable, where that is set and not empty, but for the
+// flags named in unread.
+func flagsFromEnv(fs *pflag.FlagSet, env *Env, unread ...string) error {
 	var err error
 	fs.VisitAll(func(f *pflag.Flag) {
-		if err != nil || f.Changed || f.Name == "help" {
+		if err != nil || f.Changed || f.Name == "help" || slices.Contains(unread, f.Name) {
 			return
 		}
 		k := envName(f.Name)

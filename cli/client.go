@@ -143,11 +143,11 @@ func (c *client) upload(path, contentType string, body io.Reader, size int64, id
 	}
 	defer resp.Body.Close()
 	w.kick(0) // the answer came: idle again to read it
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+	if err := c.decode(resp, http.MethodPut, path, v); err != nil {
 		if cause := context.Cause(ctx); cause != nil && cause != ctx.Err() {
-			err = cause
+			err = fmt.Errorf("reading the server's answer: %w", cause)
 		}
-		return fmt.Errorf("reading the server's answer: %w", err)
+		return err
 	}
 	return nil
 }
@@ -201,7 +201,9 @@ type apiError struct {
 
 func (e *apiError) Error() string {
 	s := fmt.Sprintf("server said %d %s: %s", e.Status, e.Code, e.Message)
-	if e.RetryAfter > 0 {
+	// A rate limit's message says its wait itself ("retry in 1 s"): said
+	// twice, it read as two waits.
+	if e.RetryAfter > 0 && !strings.Contains(e.Message, "retry in ") {
 		s += fmt.Sprintf(" (retry after %d s)", int64(e.RetryAfter/time.Second))
 	}
 	return s
@@ -267,7 +269,8 @@ func (c *client) doRequest(ctx context.Context, method, path, contentType string
 			}
 			return nil, &apiError{Status: resp.StatusCode, Code: e.Error.Code, Message: msg, RetryAfter: retryAfter(resp.Header, time.Now())}
 		}
-		return nil, &apiError{Status: resp.StatusCode, Code: "http", Message: strings.TrimSpace(string(b)), RetryAfter: retryAfter(resp.Header, time.Now())}
+		// Not plover's error: a proxy's page, of any size.
+		return nil, &apiError{Status: resp.StatusCode, Code: "http", Message: bodyStart(b), RetryAfter: retryAfter(resp.Header, time.Now())}
 	}
 	return resp, nil
 }
@@ -338,7 +341,18 @@ func (c *client) getJSON(path string, v any) error {
 		return err
 	}
 	defer resp.Body.Close()
-	return json.NewDecoder(resp.Body).Decode(v)
+	return c.decode(resp, http.MethodGet, path, v)
+}
+
+// decode reads a successful answer's JSON into v. One that is not JSON (a
+// proxy's page answered 200, another service on the port) is said with
+// the request and what came instead: a bare "invalid character '<'" named
+// neither.
+func (c *client) decode(resp *http.Response, method, path string, v any) error {
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("%s %s%s answered %s, and not with plover's JSON (Content-Type %q): reading it: %w", method, c.base, path, resp.Status, resp.Header.Get("Content-Type"), err)
+	}
+	return nil
 }
 
 func (c *client) sendJSON(method, path, contentType string, body []byte, v any) error {
@@ -351,5 +365,5 @@ func (c *client) sendJSON(method, path, contentType string, body []byte, v any) 
 		_, err = io.Copy(io.Discard, resp.Body)
 		return err
 	}
-	return json.NewDecoder(resp.Body).Decode(v)
+	return c.decode(resp, method, path, v)
 }

@@ -294,6 +294,11 @@ func TestAPIErrorSaysRetryAfter(t *testing.T) {
 			w.Header().Set("Retry-After", "7")
 			w.WriteHeader(http.StatusTooManyRequests)
 			io.WriteString(w, `{"error":{"code":"rate_limited","message":"token app is over its rate"}}`)
+		case "/v1/functions/gated":
+			// The gate's own words say the wait: said once.
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			io.WriteString(w, `{"error":{"code":"rate_limited","message":"token app is over its rate of 1 requests/s (burst 1, auth file): retry in 1 s"}}`)
 		case "/v1/functions/down":
 			w.Header().Set("Retry-After", "30")
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -306,6 +311,7 @@ func TestAPIErrorSaysRetryAfter(t *testing.T) {
 	defer srv.Close()
 	for _, tt := range []struct{ name, want string }{
 		{"limited", "plover versions: server said 429 rate_limited: token app is over its rate (retry after 7 s)\n"},
+		{"gated", "plover versions: server said 429 rate_limited: token app is over its rate of 1 requests/s (burst 1, auth file): retry in 1 s\n"},
 		{"down", "plover versions: server said 503 http: the proxy's own page (retry after 30 s)\n"},
 		{"f", "plover versions: server said 404 not_found: function f not found\n"},
 	} {
@@ -335,5 +341,39 @@ func TestMissingConstantsNamesTheManifest(t *testing.T) {
 		if code != 1 || errs != want {
 			t.Errorf("deploy %s: exit %d, stderr %q; want %q", to[0], code, errs, want)
 		}
+	}
+}
+
+// An answer that is not plover's JSON (a proxy's page) is said in brief
+// and with where it came from: a 200 KB HTML 502 was printed whole, and a
+// 200 of HTML said only "invalid character '<' looking for beginning of
+// value".
+func TestAnswersNotPloversJSON(t *testing.T) {
+	page := "<html><body>" + strings.Repeat("<p>Bad gateway, é.</p>", 10000) + "</body></html>"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		if r.URL.Path == "/v1/functions/bad/versions" {
+			w.WriteHeader(http.StatusBadGateway)
+		}
+		io.WriteString(w, page)
+	}))
+	defer srv.Close()
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"versions", "bad"}, "plover versions: server said 502 http: " + page[:200] + "...\n"},
+		{[]string{"versions", "fn"}, "plover versions: GET " + srv.URL + "/v1/functions/fn/versions answered 200 OK, and not with plover's JSON (Content-Type \"text/html; charset=utf-8\"): reading it: invalid character '<'"},
+		{[]string{"ls"}, "plover ls: GET " + srv.URL + "/v1/functions answered 200 OK, and not with plover's JSON (Content-Type \"text/html; charset=utf-8\")"},
+		{[]string{"gc"}, "plover gc: POST " + srv.URL + "/v1/gc?grace=1m0s answered 200 OK, and not with plover's JSON"},
+	} {
+		_, errs, code := runMain(t, nil, append(tt.args, "--server", srv.URL)...)
+		if code != 1 || !strings.HasPrefix(errs, tt.want) || len(errs) > 500 {
+			t.Errorf("%v: exit %d, stderr (%d bytes) %.600q; want it to begin %q", tt.args, code, len(errs), errs, tt.want)
+		}
+	}
+	// Cut between characters: the cut é is not half of one.
+	if got := bodyStart([]byte(strings.Repeat("a", 199) + "é")); got != strings.Repeat("a", 199)+"..." {
+		t.Errorf("bodyStart cut inside a character: %q", got)
 	}
 }

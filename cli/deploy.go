@@ -21,6 +21,7 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/fileutil"
 	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/pipedef"
 	"github.com/plover-run/plover/registry"
@@ -135,6 +136,7 @@ func deployCmd() *command {
 		nargs: 1,
 		name:  "deploy", summary: "check, pack and upload a bundle directory (plover.json, library, constants)",
 		usage: "DIR [--server URL | --store URL] [--force]",
+		long:  storeNote,
 		example: "  make samples && plover deploy build/samples/vecadd-host\n" +
 			"  plover deploy build/samples/vecadd-host --store s3://plover-bundles   # no server needed",
 		flags: func(fs *flag.FlagSet) {
@@ -196,17 +198,21 @@ func deployCmd() *command {
 				}
 				id, created, warnings = fi.Version, !fi.Unchanged, fi.Warnings
 			}
-			for _, w := range warnings {
-				fmt.Fprintf(env.Stderr, "warning: %s\n", w)
-			}
+			printWarnings(env.Stderr, warnings)
 			if asJSON {
 				return printJSON(env.Stdout, map[string]any{"name": m.Name, "version": id, "sha256": sha, "bytes": len(b), "created": created})
 			}
+			// A deploy to a store names it: $PLOVER_STORE, exported for a
+			// server, takes a deploy there without --store on the line.
+			to, in := "", ""
+			if ep.direct() {
+				to, in = " to store "+ep.store, " in store "+ep.store
+			}
 			if !created {
-				fmt.Fprintf(env.Stdout, "%s is unchanged: version %s already has these bytes (sha256 %s); --force deploys them as a new version\n", m.Name, id, sha[:12])
+				fmt.Fprintf(env.Stdout, "%s is unchanged%s: version %s already has these bytes (sha256 %s); --force deploys them as a new version\n", m.Name, in, id, sha[:12])
 				return nil
 			}
-			fmt.Fprintf(env.Stdout, "deployed %s version %s (sha256 %s, %s)\n", m.Name, id, sha[:12], humanBytes(int64(len(b))))
+			fmt.Fprintf(env.Stdout, "deployed %s version %s (sha256 %s, %s)%s\n", m.Name, id, sha[:12], humanBytes(int64(len(b))), to)
 			return nil
 		},
 	}
@@ -286,6 +292,11 @@ func invokeCmd() *command {
 			if timeout < 0 || timeout > 0 && timeout < time.Millisecond {
 				return usagef(env, "invoke", "--timeout %v: want a duration of 1ms or more (or 0: the server's deadline)", timeout)
 			}
+			// Before stdin is read: a terminal's user typed the input
+			// for nothing.
+			if !asJSON && out == "-" && env.StdoutIsTerminal {
+				return usagef(env, "invoke", "the output is binary and stdout is a terminal: write it with --out FILE, or ask for --json")
+			}
 			input, err := readInput(in, env)
 			if err != nil {
 				return err
@@ -336,13 +347,21 @@ func invoke(c *client, name string, input []byte, out string, o invokeOptions, e
 		ct = "application/json"
 		body, _ = json.Marshal(map[string][]byte{"input": input}) // []byte marshals as base64
 	}
-	if !asJSON && out == "-" && env.StdoutIsTerminal {
-		return errors.New("the output is binary: write it with --out FILE, or ask for --json")
-	}
 	hdr := http.Header{}
 	if o.timeout > 0 {
 		ms := (o.timeout + time.Millisecond - 1) / time.Millisecond
 		hdr.Set("X-Plover-Timeout-Ms", strconv.FormatInt(int64(ms), 10))
+	}
+	// Opened before the request: a file that cannot be written fails the
+	// invoke before the function runs for nothing.
+	var w io.Writer = env.Stdout
+	if out != "-" {
+		f, err := createOut(out)
+		if err != nil {
+			return err
+		}
+		defer f.abort()
+		w = f
 	}
 	// The wait is the context's alone: the client's requestTimeout would
 	// end a --timeout longer than it (a server with a raised --max-timeout).
@@ -358,20 +377,26 @@ func invoke(c *client, name string, input []byte, out string, o invokeOptions, e
 	if o.timing {
 		fmt.Fprintf(env.Stderr, "start=%s version=%s\nServer-Timing: %s\n", resp.Header.Get("X-Plover-Start"), resp.Header.Get("X-Plover-Version"), resp.Header.Get("Server-Timing"))
 	}
-	w := env.Stdout
-	if out != "-" {
-		f, err := os.Create(out)
-		if err != nil {
-			return fmt.Errorf("--out: %w", err)
-		}
-		defer f.Close()
-		w = f
+	left := ""
+	if f, ok := w.(*outFile); ok && f.tmp != "" {
+		left = fmt.Sprintf(" (--out %s left as it was)", out)
 	}
-	if _, err := io.Copy(w, resp.Body); err != nil {
-		if ctx.Err() != nil {
-			return invokeTimeoutError(ctx, name, o.timeout, fmt.Errorf("%s: the answer did not arrive in full within %v: gave up waiting", name, wait))
+	fw := &fileutil.Writer{W: w}
+	if _, err := io.Copy(fw, resp.Body); err != nil {
+		switch {
+		case fw.Err != nil && left != "":
+			return fmt.Errorf("--out %s: writing the output: %w (the file is left as it was)", out, fw.Err)
+		case fw.Err != nil && out != "-":
+			return fmt.Errorf("--out %s: writing the output: %w", out, fw.Err)
+		case fw.Err != nil:
+			return fmt.Errorf("writing the output to stdout: %w", fw.Err)
+		case ctx.Err() != nil:
+			return invokeTimeoutError(ctx, name, o.timeout, fmt.Errorf("%s: the answer did not arrive in full within %v: gave up waiting%s", name, wait, left))
 		}
-		return fmt.Errorf("reading the response: %w", err)
+		return fmt.Errorf("reading the response: %w%s", err, left)
+	}
+	if f, ok := w.(*outFile); ok {
+		return f.commit()
 	}
 	return nil
 }

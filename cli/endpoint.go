@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/registry"
@@ -42,6 +44,39 @@ func (e *endpoint) storeFlags(fs *flag.FlagSet, usage string) {
 }
 
 func (e *endpoint) direct() bool { return e.store != "" }
+
+// storeNote is the help of the commands that act on a server or a store:
+// which one they use when the command line and the environment differ.
+const storeNote = `Where it acts: the server (--server, else $PLOVER_SERVER, else ` + DefaultServer + `),
+or with --store the object store itself. A flag on the command line beats the
+other's variable: --server wins over $PLOVER_STORE, --store over
+$PLOVER_SERVER; both flags together are refused (exit 2). With neither flag,
+$PLOVER_STORE wins over $PLOVER_SERVER. A command that acts on a store says
+which.`
+
+// endpointChosen, for a command that takes both --server and --store,
+// names the flag whose variable is not read: a --server on the command
+// line would otherwise be overridden by a $PLOVER_STORE exported for plover
+// serve, and the server named never saw the deploy. Both flags given is a
+// command line that cannot run: which was meant is not for plover to guess.
+func endpointChosen(fs *pflag.FlagSet) (unread []string, err error) {
+	server, store := fs.Lookup("server"), fs.Lookup("store")
+	if server == nil || store == nil {
+		return nil, nil
+	}
+	// An empty --store= says "not the store", as an unset one does: that
+	// is its own variable overridden, and the server's still read.
+	serverGiven, storeGiven := server.Changed, store.Changed && store.Value.String() != ""
+	switch {
+	case serverGiven && storeGiven:
+		return nil, errors.New("--server and --store both given: a command acts on one of them (--server: the server's API; --store: the store directly)")
+	case serverGiven:
+		return []string{"store"}, nil
+	case storeGiven:
+		return []string{"server"}, nil
+	}
+	return nil, nil
+}
 func (e *endpoint) client() *client {
 	return newClient(e.server, e.token, e.cacert)
 }

@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/plover-run/plover/api"
 )
@@ -44,8 +45,7 @@ with --ready, ready for work (GET /readyz: not while it starts or drains),
 for container health checks and scripts. It sends no token: both probes
 are open on an --auth-file server, which then tells a probe each device's
 health but not why one is unhealthy, nor its memory (a token of the read
-scope reads them: GET /healthz with it). Where PLOVER_TIMEOUT is set for plover
-serve (its request deadline), it sets --timeout here too: give --timeout.
+scope reads them: GET /healthz with it).
 
 Exit status:
   0  the server answered 200 (a line says so, unless --quiet)
@@ -234,15 +234,27 @@ func answerReason(path string, body []byte) string {
 			return h.Error.Code + ": " + h.Error.Message
 		}
 	}
-	s := strings.TrimSpace(string(body))
+	s := bodyStart(body)
 	if s == "" {
 		return "an empty body"
 	}
-	const max = 200
-	if len(s) > max {
-		s = s[:max] + "..."
-	}
 	return "not plover's answer? " + s
+}
+
+// bodyStart is, for a message, the start of a body that is not plover's
+// JSON (a proxy's HTML error page): its first 200 bytes, cut between
+// characters. A 200 KB page was printed whole.
+func bodyStart(body []byte) string {
+	s := strings.TrimSpace(string(body))
+	const max = 200
+	if len(s) <= max {
+		return s
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
 }
 
 // unreachableReason says in a few words why no answer came, and what

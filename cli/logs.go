@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"sync/atomic"
 	"time"
 
 	"github.com/plover-run/plover/api"
@@ -49,15 +51,44 @@ func logsCmd() *command {
 				path += "?" + q.Encode()
 			}
 			c := ep.client()
+			ctx, cancel := context.WithCancelCause(context.Background())
+			defer cancel(nil)
+			var body io.Reader
 			if follow {
-				c.http.Timeout = 0 // the stream lasts until it is interrupted
+				// The stream lasts until it is interrupted, so no overall
+				// bound: a watch instead, on the answer's start and then on
+				// the keep-alives a live stream carries. Without one, a
+				// server gone without a trace held --follow forever.
+				var started atomic.Bool
+				t := time.AfterFunc(followStart, func() {
+					if !started.Load() {
+						cancel(fmt.Errorf("no answer to the log request within %v: gave up waiting", followStart))
+						return
+					}
+					cancel(fmt.Errorf("the log stream from %s sent nothing for %v, though a live one sends a keep-alive line every %v: the server or the connection is gone", c.base, followIdle, followKeepAlive))
+				})
+				defer t.Stop()
+				resp, err := c.bounded(followStart).doRequest(ctx, http.MethodGet, path, "", nil, -1, nil)
+				if err != nil {
+					return err
+				}
+				defer resp.Body.Close()
+				started.Store(true)
+				t.Reset(followIdle)
+				w := &idleWatch{r: resp.Body, idle: followIdle, t: t}
+				body = w
+			} else {
+				resp, err := c.do(http.MethodGet, path, "", nil)
+				if err != nil {
+					return err
+				}
+				defer resp.Body.Close()
+				body = resp.Body
 			}
-			resp, err := c.do(http.MethodGet, path, "", nil)
-			if err != nil {
-				return err
-			}
-			defer resp.Body.Close()
-			if err := printLogs(resp.Body, env.Stdout, asJSON); err != nil {
+			if err := printLogs(body, env.Stdout, asJSON); err != nil {
+				if cause := context.Cause(ctx); cause != nil && cause != ctx.Err() {
+					return cause
+				}
 				var ne net.Error
 				if errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne) {
 					return fmt.Errorf("the log stream from %s broke off (%v): the server went away or the connection was cut", c.base, err)
@@ -73,6 +104,32 @@ func logsCmd() *command {
 			return nil
 		},
 	}
+}
+
+// followStart bounds the wait for a followed stream's start (the response
+// headers), and followIdle its silence after: the server sends an empty
+// line every followKeepAlive (httpapi's followKeepAlive), so three of them
+// missed is a stream gone. Variables for the tests.
+var (
+	followStart     = 30 * time.Second
+	followIdle      = 45 * time.Second
+	followKeepAlive = 15 * time.Second
+)
+
+// idleWatch reads r, restarting t (which ends the request) at each byte
+// read.
+type idleWatch struct {
+	r    io.Reader
+	idle time.Duration
+	t    *time.Timer
+}
+
+func (w *idleWatch) Read(p []byte) (int, error) {
+	n, err := w.r.Read(p)
+	if n > 0 {
+		w.t.Reset(w.idle)
+	}
+	return n, err
 }
 
 // printLogs copies the server's NDJSON lines to w as they arrive: as they

@@ -42,6 +42,7 @@ func versionsCmd() *command {
 		name:  "versions", summary: "list a function's versions (* marks the current one)",
 		complete: ep.completeFunctions,
 		usage:    "NAME [--server URL | --store URL]",
+		long:     storeNote,
 		example:  "  plover versions vecadd",
 		flags: func(fs *flag.FlagSet) {
 			ep.storeFlags(fs, "read the store directly instead of asking a server (file://... or s3://...)")
@@ -117,6 +118,7 @@ func rollbackCmd() *command {
 		name:  "rollback", summary: "make an earlier version of a function current again",
 		complete: ep.completeFunctions,
 		usage:    "NAME VERSION [--server URL | --store URL]",
+		long:     storeNote,
 		example:  "  plover versions vecadd && plover rollback vecadd 9fe7fab9",
 		flags: func(fs *flag.FlagSet) {
 			fs.BoolVar(&asJSON, "json", false, `print {"name","version"} instead`)
@@ -173,13 +175,15 @@ func rollbackCmd() *command {
 				}
 				id, warnings = fi.Version, fi.Warnings
 			}
-			for _, w := range warnings {
-				fmt.Fprintf(env.Stderr, "warning: %s\n", w)
-			}
+			printWarnings(env.Stderr, warnings)
 			if asJSON {
 				return printJSON(env.Stdout, map[string]string{"name": args[0], "version": id})
 			}
-			fmt.Fprintf(env.Stdout, "%s: current version is now %s\n", args[0], id)
+			in := ""
+			if ep.direct() {
+				in = " in store " + ep.store
+			}
+			fmt.Fprintf(env.Stdout, "%s: current version is now %s%s\n", args[0], id, in)
 			return nil
 		},
 	}
@@ -193,13 +197,24 @@ func gcCmd() *command {
 		nargs: 0,
 		name:  "gc", summary: "delete bundles that no function version references",
 		usage:   "[--server URL | --store URL] [--grace 1m]",
+		long:    storeNote,
 		example: "  plover gc --grace 0s",
+		// $PLOVER_GRACE is plover serve's shutdown grace (10s by default):
+		// exported for a server, it cut gc's grace to that, and a bundle
+		// stored by a deploy not yet recorded could go.
+		noEnv: []string{"grace"},
 		flags: func(fs *flag.FlagSet) {
 			ep.storeFlags(fs, "collect in the store directly")
-			fs.DurationVar(&grace, "grace", time.Minute, "keep unreferenced bundles younger than this (a deploy may be uploading them)")
+			fs.DurationVar(&grace, "grace", time.Minute, "keep unreferenced bundles younger than this (a deploy may be uploading them); not read from $PLOVER_GRACE, which is plover serve's shutdown grace")
 			fs.BoolVar(&asJSON, "json", false, `print {"removed": [...]} instead`)
 		},
 		run: func(fs *flag.FlagSet, args []string, env *Env) error {
+			if grace < 0 {
+				// A store's gc took it as no grace at all, deleting what
+				// deploys were uploading; a server refused it without
+				// naming the flag.
+				return usagef(env, "gc", "--grace %v: want 0 or a positive duration", grace)
+			}
 			var removed []string
 			if ep.direct() {
 				reg, err := ep.registry()
@@ -225,7 +240,11 @@ func gcCmd() *command {
 			for _, k := range removed {
 				fmt.Fprintln(env.Stdout, "removed", k)
 			}
-			fmt.Fprintf(env.Stdout, "%d bundles removed\n", len(removed))
+			from := ""
+			if ep.direct() {
+				from = " from store " + ep.store
+			}
+			fmt.Fprintf(env.Stdout, "%d bundles removed%s\n", len(removed), from)
 			return nil
 		},
 	}

@@ -62,6 +62,15 @@ func escape(s string, newlines bool) string {
 	return b.String()
 }
 
+// printWarnings writes each warning on a line of its own. A warning quotes
+// what others wrote (a bundle's path and entries, a kernel's message, a
+// server's words): escaped as errors are.
+func printWarnings(w io.Writer, warnings []string) {
+	for _, s := range warnings {
+		fmt.Fprintf(w, "warning: %s\n", visibleLines(s))
+	}
+}
+
 // visibleJSON is a line of JSON with the characters hidden would escape
 // written as JSON escapes (\u202e): the same JSON to a program, and safe on
 // a terminal. A valid line has them only within strings (outside, JSON

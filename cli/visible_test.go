@@ -5,11 +5,15 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/internal/testkit"
 )
 
 // What others wrote reaches a terminal with the characters it would obey
@@ -110,5 +114,28 @@ func TestEscapingWriter(t *testing.T) {
 	}
 	if want := `stdout | say: \u202eevil\x1b[2J` + "\n"; b.String() != want {
 		t.Errorf("%q, want %q", b.String(), want)
+	}
+}
+
+// plover run's warning quotes the bundle (its manifest's path, its chain's
+// entries): escaped, in both forms. A directory named with an escape
+// sequence cleared the terminal that ran it.
+func TestRunWarningEscaped(t *testing.T) {
+	m := testkit.Manifest("fn")
+	m.Chain = []abi.Launch{{Kernel: "count", Grid: 1, Block: 1}} // a counter kept in tmp: the warning
+	built := testkit.BundleDir(t, m, nil)
+	dir := filepath.Join(t.TempDir(), "fn\x1b[2J\u202e")
+	if err := os.Rename(built, dir); err != nil {
+		t.Fatal(err)
+	}
+	in := filepath.Join(t.TempDir(), "in.bin")
+	os.WriteFile(in, []byte("input"), 0o644)
+	for _, args := range [][]string{{"--out", filepath.Join(t.TempDir(), "out.bin")}, {"--json"}} {
+		_, errs, err := runCommand(runCmd(), append([]string{dir, "--in", in}, args...)...)
+		want := `warning: the same input, run again on the same instance, gave another output: the chain [count] reads what an earlier run left in tmp, and ` +
+			filepath.Join(filepath.Dir(dir), `fn\x1b[2J\u202e`, "plover.json")
+		if err != nil || !strings.Contains(errs, want) || strings.ContainsFunc(errs, func(r rune) bool { return r != '\n' && hidden(r) }) {
+			t.Errorf("run %v: %v, stderr %q; want %q in it, escaped", args, err, errs, want)
+		}
 	}
 }

@@ -38,8 +38,15 @@ func Copy(src, dst string) error {
 
 // LinkOrCopy makes dst the file src: a hard link where both are on one
 // file system, a copy otherwise. A dst already there is replaced, never
-// written through (it may be a link to another file).
+// written through (it may be a link to another file); one that is src
+// already (the same path, a hard link of it) is left, as removing it
+// first removed src.
 func LinkOrCopy(src, dst string) error {
+	if si, err := os.Stat(src); err == nil {
+		if di, err := os.Lstat(dst); err == nil && os.SameFile(si, di) {
+			return nil
+		}
+	}
 	if err := os.Remove(dst); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}

@@ -46,6 +46,28 @@ func TestLinkOrCopy(t *testing.T) {
 	}
 }
 
+// LinkOrCopy onto src itself (the same path by another name, or a hard
+// link of it) leaves it: removing dst first removed src, and plover build
+// with its output in its source directory lost the constants.
+func TestLinkOrCopyOntoItself(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "constants.bin")
+	os.WriteFile(src, []byte("ab"), 0o644)
+	if err := os.Link(src, filepath.Join(dir, "linked")); err != nil {
+		t.Fatal(err)
+	}
+	for _, dst := range []string{src, filepath.Join(dir, ".", "constants.bin"), filepath.Join(dir, "linked")} {
+		if err := LinkOrCopy(src, dst); err != nil {
+			t.Errorf("onto %s: %v", dst, err)
+		}
+		for _, p := range []string{src, dst} {
+			if b, err := os.ReadFile(p); string(b) != "ab" {
+				t.Fatalf("after LinkOrCopy onto %s, %s holds %q (%v)", dst, p, b, err)
+			}
+		}
+	}
+}
+
 // Copy makes a new file or nothing: a dst already there (a file, a link
 // planted to another file) is refused and left as it was, and a copy that
 // fails midway leaves no part of itself.
