@@ -13,7 +13,8 @@ import (
 // the other flow's starts meanwhile), it lost the lag it had, and with it
 // its turns: at weight 3 beside a backlogged flow of weight 1 it had 0.69
 // and 0.71 of the time where it asked for 0.74 and 0.79 (on the server,
-// about 2,000 such arrivals of a 4 MB flood lost 0.68 s of virtual time in 5 s).
+// a 4 MB flood lost 0.68 s of virtual time in about 2,000 wakes and such
+// arrivals in 5 s).
 // It keeps up to wakeLag of its lag as it arrives, and gets what it asks
 // for up to its share.
 func TestClosedLoopClientsGetTheirShare(t *testing.T) {

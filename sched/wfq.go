@@ -105,7 +105,10 @@ func (w *WFQ) kept(f *Flow) float64 {
 // fills) found its queue empty at many arrivals while its other runs were
 // in flight, the clock moved on by the other flow's starts meanwhile, and
 // lost its turns with its lag: a 4 MB flood at share 3 lost 0.68 s of
-// virtual time at about 2,000 such arrivals in 5 s of the server's I/O.
+// virtual time in about 2,000 wakes and such arrivals in 5 s of the
+// server's I/O (docs/host-runs/2026-12-06-wfq-lag-lost-instrumented.txt;
+// given back, the split of the server's I/O moved no further than its runs'
+// spread: BENCHMARKS.md).
 // Bounded in device time, not virtual: 10 ms of virtual time at share
 // 1000 was 10 s of every slot, the others' runs waiting meanwhile (as
 // EEVDF bounds a sleeper's lag in real time whatever its weight).
