@@ -152,8 +152,8 @@ func (c *client) upload(path, contentType string, body io.Reader, size int64, id
 	return nil
 }
 
-// stallWatch reads a request's body, restarting t (which cancels the
-// request) at each byte read, and once more at its end.
+// stallWatch reads a request's body or an answer's stream, restarting t
+// (which cancels the request) at each byte read, and once more at its end.
 type stallWatch struct {
 	r    io.Reader
 	size int64

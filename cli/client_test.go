@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -362,7 +363,7 @@ func TestAnswersNotPloversJSON(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"versions", "bad"}, "plover versions: server said 502 http: " + page[:200] + "...\n"},
+		{[]string{"versions", "bad"}, fmt.Sprintf("plover versions: server said 502 http: %s... (%d bytes)\n", page[:200], len(page))},
 		{[]string{"versions", "fn"}, "plover versions: GET " + srv.URL + "/v1/functions/fn/versions answered 200 OK, and not with plover's JSON (Content-Type \"text/html; charset=utf-8\"): reading it: invalid character '<'"},
 		{[]string{"ls"}, "plover ls: GET " + srv.URL + "/v1/functions answered 200 OK, and not with plover's JSON (Content-Type \"text/html; charset=utf-8\")"},
 		{[]string{"gc"}, "plover gc: POST " + srv.URL + "/v1/gc?grace=1m0s answered 200 OK, and not with plover's JSON"},
@@ -373,7 +374,7 @@ func TestAnswersNotPloversJSON(t *testing.T) {
 		}
 	}
 	// Cut between characters: the cut é is not half of one.
-	if got := bodyStart([]byte(strings.Repeat("a", 199) + "é")); got != strings.Repeat("a", 199)+"..." {
+	if got := bodyStart([]byte(strings.Repeat("a", 199) + "é")); got != strings.Repeat("a", 199)+"... (201 bytes)" {
 		t.Errorf("bodyStart cut inside a character: %q", got)
 	}
 }

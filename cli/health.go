@@ -17,9 +17,9 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/errdefs"
 )
 
 // plover health's exit statuses. 0 and 2 are every command's (Main): a
@@ -243,18 +243,9 @@ func answerReason(path string, body []byte) string {
 
 // bodyStart is, for a message, the start of a body that is not plover's
 // JSON (a proxy's HTML error page): its first 200 bytes, cut between
-// characters. A 200 KB page was printed whole.
+// characters, and its length. A 200 KB page was printed whole.
 func bodyStart(body []byte) string {
-	s := strings.TrimSpace(string(body))
-	const max = 200
-	if len(s) <= max {
-		return s
-	}
-	cut := max
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "..."
+	return errdefs.Clip(strings.TrimSpace(string(body)), 200)
 }
 
 // unreachableReason says in a few words why no answer came, and what

@@ -75,8 +75,7 @@ func logsCmd() *command {
 				defer resp.Body.Close()
 				started.Store(true)
 				t.Reset(followIdle)
-				w := &idleWatch{r: resp.Body, idle: followIdle, t: t}
-				body = w
+				body = &stallWatch{r: resp.Body, idle: followIdle, t: t}
 			} else {
 				resp, err := c.do(http.MethodGet, path, "", nil)
 				if err != nil {
@@ -115,22 +114,6 @@ var (
 	followIdle      = 45 * time.Second
 	followKeepAlive = 15 * time.Second
 )
-
-// idleWatch reads r, restarting t (which ends the request) at each byte
-// read.
-type idleWatch struct {
-	r    io.Reader
-	idle time.Duration
-	t    *time.Timer
-}
-
-func (w *idleWatch) Read(p []byte) (int, error) {
-	n, err := w.r.Read(p)
-	if n > 0 {
-		w.t.Reset(w.idle)
-	}
-	return n, err
-}
 
 // printLogs copies the server's NDJSON lines to w as they arrive: as they
 // are with asJSON (but for the characters visibleJSON escapes), else one
