@@ -108,18 +108,17 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "deploy")
 	}
 	at := e.tab.at() // before the store changes: see land
-	// The upload and the record's write end at a bound too: a store
-	// that stalled mid-upload held the deploy, its spool file and its
-	// part of --max-spool, for as long as the server ran.
-	pctx, cancel := uploadCtx(ctx, n)
-	defer cancel()
-	pub, err := e.tab.reg.PublishWith(pctx, m, tmp, sha, n, o)
+	// Each store step ends at a bound of its own, the upload's its size's:
+	// a store that stalled mid-upload held the deploy, its spool file and
+	// its part of --max-spool, for as long as the server ran.
+	o.Bound = uploadBound
+	pub, err := e.tab.reg.PublishWith(ctx, m, tmp, sha, n, o)
 	rv, created, current := pub.Version, pub.Created, pub.Current
 	if errors.Is(err, registry.ErrConflict) {
 		return api.FunctionInfo{}, errorf(errdefs.KindConflict, err, "deploy %s: %s", name, err.Error())
 	}
-	if err != nil && pctx.Err() != nil && ctx.Err() == nil {
-		return api.FunctionInfo{}, errorf(errdefs.KindUnavailable, err, "deploy %s: the upload to the store passed its bound (%v: 10 minutes and a second a MiB of the bundle)", name, uploadBound(n))
+	if errors.Is(err, registry.ErrPastBound) {
+		return api.FunctionInfo{}, errorf(errdefs.KindUnavailable, err, "deploy %s: %v (a store step's bound is 10 minutes, an upload's a second more a MiB of the bundle)", name, err)
 	}
 	if err != nil {
 		return api.FunctionInfo{}, storageError(err, "deploy %s: cannot write to the store", name)

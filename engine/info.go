@@ -91,14 +91,9 @@ func storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, storeCallBound)
 }
 
-// uploadCtx is storeCtx for a call that uploads n bytes: the bound plus
-// the time they take at uploadFloor, so that a large bundle over a slow
-// link is not cut while a stalled upload still ends.
-func uploadCtx(ctx context.Context, n int64) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, uploadBound(n))
-}
-
-// uploadBound is uploadCtx's bound for n bytes.
+// uploadBound is the bound of a store step that uploads n bytes:
+// storeCallBound plus the time they take at uploadFloor, so that a large
+// bundle over a slow link is not cut while a stalled upload still ends.
 func uploadBound(n int64) time.Duration {
 	return storeCallBound + time.Duration(n/uploadFloor)*time.Second
 }

@@ -102,3 +102,39 @@ func (s stalledBundlePut) Put(ctx context.Context, key string, r io.Reader, size
 	}
 	return s.Store.Put(ctx, key, r, size)
 }
+
+// An upload that succeeded at its bound left the record's write none of
+// its own when one bound covered the whole publish: the deploy failed
+// with its bundle stored (a review's LOW). Each store step now has its
+// own bound.
+func TestAnUploadEndingAtItsBoundIsRecorded(t *testing.T) {
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := testkit.Engine(t, engine.Config{Store: lateBundlePut{fs}})
+	engine.SetStoreCallBound(t, 200*time.Millisecond)
+	fresh, _, _, err := bundle.PackBytes(testkit.BundleDir(t, testkit.Manifest("late"), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := a.Control().Deploy(context.Background(), "late", bytes.NewReader(fresh), false)
+	if err != nil {
+		t.Fatalf("a deploy whose upload ended at its bound: %v, want its record written", err)
+	}
+	if _, err := a.Control().Function(context.Background(), "late"); err != nil || fi.Version == "" {
+		t.Fatalf("the deployed function: %v (version %q)", err, fi.Version)
+	}
+}
+
+// lateBundlePut is a store whose bundle uploads land just as their
+// context ends: the last byte's acknowledgement arrives at the bound.
+type lateBundlePut struct{ objectstore.Store }
+
+func (s lateBundlePut) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	if strings.HasPrefix(key, "bundles/") {
+		<-ctx.Done()
+		return s.Store.Put(context.WithoutCancel(ctx), key, r, size)
+	}
+	return s.Store.Put(ctx, key, r, size)
+}

@@ -375,6 +375,31 @@ type PublishOptions struct {
 	// token's deploy makes a version of its own, so that the function
 	// runs as the tenant who deployed it last.
 	Tenant string
+	// Bound, where set, bounds each of the publish's store steps on its
+	// own: an upload of the bundle at Bound(size), every other step at
+	// Bound(0). One bound over the whole publish left a record write
+	// after a slow upload that succeeded near it no time of its own.
+	// A step cut at its bound fails wrapping ErrPastBound.
+	Bound func(upload int64) time.Duration
+}
+
+// ErrPastBound is a publish step cut at its PublishOptions.Bound while
+// the caller's context was still live.
+var ErrPastBound = errors.New("passed its bound")
+
+// step runs f under o.Bound(n) and says which bound cut it.
+func (o PublishOptions) step(ctx context.Context, n int64, what string, f func(context.Context) error) error {
+	if o.Bound == nil {
+		return f(ctx)
+	}
+	b := o.Bound(n)
+	sctx, cancel := context.WithTimeout(ctx, b)
+	defer cancel()
+	err := f(sctx)
+	if err != nil && sctx.Err() != nil && ctx.Err() == nil {
+		return fmt.Errorf("%s %w (%v): %w", what, ErrPastBound, b, err)
+	}
+	return err
 }
 
 // Published is what PublishWith did.
@@ -399,16 +424,25 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 	// keeps the size is caught by the sha256 check when a node fetches it,
 	// whose refusal says to deploy again with force, which uploads anew.
 	key := bundle.ObjectKey(sha)
-	info, err := g.Store.Stat(ctx, key)
+	put := func() error {
+		return o.step(ctx, size, "the upload to the store", func(ctx context.Context) error {
+			return g.Store.Put(ctx, key, bundleBytes, size)
+		})
+	}
+	var info objectstore.Info
+	err := o.step(ctx, 0, "the bundle's check in the store", func(ctx context.Context) (err error) {
+		info, err = g.Store.Stat(ctx, key)
+		return err
+	})
 	if errors.Is(err, objectstore.ErrNotFound) || (err == nil && (info.Size != size || force)) {
-		if err := g.Store.Put(ctx, key, bundleBytes, size); err != nil {
+		if err := put(); err != nil {
 			return Published{}, fmt.Errorf("publish %s: %w", name, err)
 		}
 	} else if err != nil {
 		return Published{}, fmt.Errorf("publish %s: %w", name, err)
-	} else if err := g.Store.Touch(ctx, key); errors.Is(err, objectstore.ErrNotFound) {
+	} else if err := o.step(ctx, 0, "the bundle's touch in the store", func(ctx context.Context) error { return g.Store.Touch(ctx, key) }); errors.Is(err, objectstore.ErrNotFound) {
 		// Deleted since the Stat: store it again.
-		if err := g.Store.Put(ctx, key, bundleBytes, size); err != nil {
+		if err := put(); err != nil {
 			return Published{}, fmt.Errorf("publish %s: %w", name, err)
 		}
 	} else if err != nil {
@@ -425,38 +459,42 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 	// a second version, or, the new version being current, found the
 	// bytes unchanged and said no version was made.
 	id := uuid.NewString()
-	rec, err := g.update(ctx, name, func(r *api.Record) (*api.Record, error) {
-		if r == nil {
-			r = &api.Record{Name: name}
-		}
-		if slices.ContainsFunc(r.Versions, func(v api.Version) bool { return v.ID == id }) {
-			unchanged = nil // an earlier round's write landed: p.Version is its
-			p.Current = r.Current == id
-			return nil, nil
-		}
-		// After the object step, so that an unchanged deploy still
-		// repairs a missing or damaged bundle object.
-		if cv, err := r.CurrentVersion(); !force && err == nil && cv.SHA256 == sha && cv.Label == label && cv.Tenant == tenant {
-			unchanged = &cv
-			return fillCopies(r, unchanged, m), nil
-		}
-		unchanged = nil
-		v := api.Version{ID: id, SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, OutBytes: m.RequestOutBytes(), Tensors: m.Tensors, Share: m.Share, Target: m.Target, Label: label, Tenant: tenant}
-		if m.IsPipeline() {
-			v.Kind, v.Steps = m.Kind, m.Steps
-		}
-		if m.Priority != "default" {
-			v.Priority = m.Priority
-		}
-		if cv, err := r.CurrentVersion(); label != "" && err == nil && cv.Label == "" {
-			v.Over = cv.ID // a model repository takes over a version made otherwise
-		}
-		r.Versions = append(r.Versions, v)
-		p.Version, p.Current = v, !o.Aside || r.Current == ""
-		if p.Current {
-			r.Current = v.ID
-		}
-		return r, nil
+	var rec *api.Record
+	err = o.step(ctx, 0, "the record's write", func(ctx context.Context) (err error) {
+		rec, err = g.update(ctx, name, func(r *api.Record) (*api.Record, error) {
+			if r == nil {
+				r = &api.Record{Name: name}
+			}
+			if slices.ContainsFunc(r.Versions, func(v api.Version) bool { return v.ID == id }) {
+				unchanged = nil // an earlier round's write landed: p.Version is its
+				p.Current = r.Current == id
+				return nil, nil
+			}
+			// After the object step, so that an unchanged deploy still
+			// repairs a missing or damaged bundle object.
+			if cv, err := r.CurrentVersion(); !force && err == nil && cv.SHA256 == sha && cv.Label == label && cv.Tenant == tenant {
+				unchanged = &cv
+				return fillCopies(r, unchanged, m), nil
+			}
+			unchanged = nil
+			v := api.Version{ID: id, SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, OutBytes: m.RequestOutBytes(), Tensors: m.Tensors, Share: m.Share, Target: m.Target, Label: label, Tenant: tenant}
+			if m.IsPipeline() {
+				v.Kind, v.Steps = m.Kind, m.Steps
+			}
+			if m.Priority != "default" {
+				v.Priority = m.Priority
+			}
+			if cv, err := r.CurrentVersion(); label != "" && err == nil && cv.Label == "" {
+				v.Over = cv.ID // a model repository takes over a version made otherwise
+			}
+			r.Versions = append(r.Versions, v)
+			p.Version, p.Current = v, !o.Aside || r.Current == ""
+			if p.Current {
+				r.Current = v.ID
+			}
+			return r, nil
+		})
+		return err
 	})
 	if err != nil {
 		return Published{}, err
@@ -468,7 +506,7 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 	// A delete of another function may have listed the records before this
 	// one landed and removed the bundle as unused (its grace protects a
 	// bundle touched or written just now; this covers a shorter grace).
-	if err := g.ensureBundle(ctx, key, bundleBytes, size); err != nil {
+	if err := o.step(ctx, size, "the bundle's check after the record", func(ctx context.Context) error { return g.ensureBundle(ctx, key, bundleBytes, size) }); err != nil {
 		return Published{}, fmt.Errorf("publish %s: the record is written but %w", name, err)
 	}
 	p.Created = true
