@@ -401,9 +401,18 @@ type Table struct {
 // (default "*"). LIMITS: see ParseLimits.
 //
 // A malformed line is an error "SOURCE:LINE: reason" naming the field; so is
-// a file with no tokens ("SOURCE: no tokens"), since a server with an empty
-// auth file would refuse everything.
+// a file with no tokens ("SOURCE: no tokens"), since a server started with
+// an empty auth file would refuse everything (a reload takes one: Reload).
 func Parse(r io.Reader, source string) (*Table, error) {
+	t, err := parse(r, source)
+	if err == nil && len(t.entries) == 0 {
+		return nil, fmt.Errorf("%s: no tokens", source)
+	}
+	return t, err
+}
+
+// parse is Parse taking a file without tokens.
+func parse(r io.Reader, source string) (*Table, error) {
 	t := &Table{}
 	names := map[string]int{}  // name → line
 	hashes := map[string]int{} // sha → line
@@ -475,10 +484,37 @@ func Parse(r io.Reader, source string) (*Table, error) {
 		}
 		return nil, fmt.Errorf("%s: %w", source, err)
 	}
-	if len(t.entries) == 0 {
-		return nil, fmt.Errorf("%s: no tokens", source)
-	}
 	return t, nil
+}
+
+// hashesIn is every token hash a file names outside its comments, on any
+// line and in any field, its lines well-formed or not: what a reload that
+// failed keeps of the tokens loaded before (Reload).
+func hashesIn(b []byte) map[[sha256.Size]byte]bool {
+	in := map[[sha256.Size]byte]bool{}
+	for _, line := range bytes.Split(b, []byte{'\n'}) {
+		for _, f := range splitLine(string(line)) {
+			f = strings.ToLower(f)
+			var sum [sha256.Size]byte
+			if checkHash(f) == nil {
+				hex.Decode(sum[:], []byte(f))
+				in[sum] = true
+			}
+		}
+	}
+	return in
+}
+
+// only is t less the tokens whose hashes are not in keep, and how many
+// it left out.
+func (t *Table) only(keep map[[sha256.Size]byte]bool) (*Table, int) {
+	k := &Table{}
+	for _, e := range t.entries {
+		if keep[e.sum] {
+			k.entries = append(k.entries, e)
+		}
+	}
+	return k, len(t.entries) - len(k.entries)
 }
 
 // splitLine drops a comment ('#' at the start or after whitespace) and splits
@@ -555,12 +591,18 @@ const unfinished = 250 * time.Millisecond
 
 var waitUnfinished = func() { time.Sleep(unfinished) }
 
-// Reload re-reads the file. If it cannot be read or parsed, the store
-// keeps the table it had and Reload returns the error. A file whose last
-// line has no newline may be a writer still at work (a line cut after its
-// hash would give its token every function and no limits), or an editor
-// that ends files without one: it is read again a moment later, and taken
-// only if it is the same then.
+// Reload re-reads the file. If it cannot be read, is empty or was being
+// written, the store keeps the table it had and Reload returns the error.
+// If it does not parse, the store keeps, as they were, only the tokens
+// loaded before whose hashes the file still names outside its comments,
+// and Reload returns the error saying how many it dropped: a revocation
+// (a line deleted or commented out) holds even when another line of the
+// same edit is wrong. A file of comments alone is taken: no token is
+// valid until the next reload (the way to lock a server down). A file
+// whose last line has no newline may be a writer still at work (a line
+// cut after its hash would give its token every function and no limits),
+// or an editor that ends files without one: it is read again a moment
+// later, and taken only if it is the same then.
 func (s *Store) Reload() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -578,9 +620,19 @@ func (s *Store) Reload() error {
 			return fmt.Errorf("%s: it was being written (its last line had no newline, and it changed %v later): the tokens loaded before are kept; write the file under another name and rename it into place", s.path, unfinished)
 		}
 	}
-	t, err := Parse(bytes.NewReader(b), s.path)
+	if len(bytes.TrimSpace(b)) == 0 {
+		// Truncated by a writer not yet done, most likely: a lockdown
+		// writes a comment saying so.
+		return fmt.Errorf("%s: empty: the tokens loaded before are kept (a file of comments alone refuses every token)", s.path)
+	}
+	t, err := parse(bytes.NewReader(b), s.path)
 	if err != nil {
-		return err
+		kept, dropped := s.table.Load().only(hashesIn(b))
+		if dropped == 0 {
+			return fmt.Errorf("%w: the tokens loaded before are kept", err)
+		}
+		s.table.Store(kept)
+		return fmt.Errorf("%w: of the tokens loaded before, %d the file no longer names were dropped, %d kept as they were", err, dropped, kept.Len())
 	}
 	s.table.Store(t)
 	return nil

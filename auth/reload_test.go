@@ -72,3 +72,64 @@ func TestAdminLineRefusesFunctions(t *testing.T) {
 		}
 	}
 }
+
+// A reload used to take the whole new file or keep the whole old table:
+// a leaked token's line deleted in the same edit as a typo elsewhere, or
+// every line commented out to lock the server down, left the revoked
+// tokens valid (a review's finding). A failed reload now keeps only the
+// previous tokens the file still names; a file of comments alone is taken.
+func TestAReloadRevokesWhatTheFileNoLongerNames(t *testing.T) {
+	const leaked, kept = "leaked-token", "kept-token"
+	start := "ops admin " + auth.Hash(leaked) + "\nci invoke " + auth.Hash(kept) + " cnn rate=5\n"
+	for _, tc := range []struct {
+		name, file       string
+		errWant          string // "" for a reload taken
+		leakedIn, keptIn bool
+		keptLimitedToCNN bool
+	}{
+		{"deleted beside a typo", "ci invoke " + auth.Hash(kept) + " cnn rate=5\nnew invoke,raed " + auth.Hash("new") + "\n",
+			"1 the file no longer names were dropped, 1 kept", false, true, true},
+		{"commented out beside a typo", "# ops admin " + auth.Hash(leaked) + "\nci invoke " + auth.Hash(kept) + " cnn rate=5\nbad\n",
+			"1 the file no longer names were dropped", false, true, true},
+		{"a typo on the kept token's own line", "ci invoke,raed " + auth.Hash(kept) + " cnn\n",
+			"were dropped", false, true, true},
+		{"every line commented out", "# locked down 12-06\n# ops admin " + auth.Hash(leaked) + "\n",
+			"", false, false, false},
+		{"a typo, nothing revoked", start + "bad line\n", "the tokens loaded before are kept", true, true, true},
+		{"emptied", "", "empty", true, true, true},
+		{"blank lines alone", "\n\n", "empty", true, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "tokens")
+			if err := os.WriteFile(path, []byte(start), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			s, err := auth.Load(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, []byte(tc.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			err = s.Reload()
+			switch {
+			case tc.errWant == "" && err != nil:
+				t.Fatalf("Reload: %v, want it taken", err)
+			case tc.errWant != "" && (err == nil || !strings.Contains(err.Error(), tc.errWant)):
+				t.Fatalf("Reload: %v, want an error saying %q", err, tc.errWant)
+			}
+			if got := s.Lookup([]byte(leaked)) != nil; got != tc.leakedIn {
+				t.Errorf("the leaked token valid: %v, want %v", got, tc.leakedIn)
+			}
+			p := s.Lookup([]byte(kept))
+			if got := p != nil; got != tc.keptIn {
+				t.Fatalf("the kept token valid: %v, want %v", got, tc.keptIn)
+			}
+			// Kept as it was loaded: a line that no longer parses grants
+			// nothing new.
+			if p != nil && tc.keptLimitedToCNN && (p.Allow(auth.Invoke, "other") == nil || p.Limits.Rate != 5) {
+				t.Errorf("the kept token: functions %q, limits %+v, want those loaded before (cnn, rate 5)", p.Functions, p.Limits)
+			}
+		})
+	}
+}

@@ -234,9 +234,13 @@ func (d *frontDoor) reloadOnHUP(ctx context.Context, hup chan os.Signal) {
 		case <-hup:
 		}
 		if d.tokens != nil {
-			if err := d.tokens.Reload(); err != nil {
-				d.log.Error("SIGHUP: the auth file did not load; the previous tokens stay in force", "error", err)
-			} else {
+			switch err := d.tokens.Reload(); {
+			case err != nil:
+				// The error says which of the previous tokens stay.
+				d.log.Error("SIGHUP: the auth file did not load", "error", err, "tokens", d.tokens.Len())
+			case d.tokens.Len() == 0:
+				d.log.Warn("SIGHUP: the auth file names no token: every request that needs one is refused", "file", d.tokens.Path())
+			default:
 				d.log.Info("SIGHUP: tokens reloaded", "tokens", d.tokens.Len(), "file", d.tokens.Path())
 			}
 		}

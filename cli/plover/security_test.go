@@ -195,11 +195,12 @@ func TestAuthScopes(t *testing.T) {
 		if r := <-done; r.code != 200 {
 			t.Fatalf("request in flight across the rotation: %d %s", r.code, r.body)
 		}
-		// A file that does not parse keeps the tokens in force.
-		os.WriteFile(authFile, []byte("root admin nothex\n"), 0o600)
+		// A file that does not parse keeps the tokens it still names in
+		// force.
+		os.WriteFile(authFile, []byte("root admin "+auth.Hash(fresh["root"])+"\nroot2 admin nothex\n"), 0o600)
 		srv.cmd.Process.Signal(syscall.SIGHUP)
 		waitFor(t, 10*time.Second, "the reload error in the log", func() bool {
-			return strings.Contains(srv.log.String(), "previous tokens stay in force")
+			return strings.Contains(srv.log.String(), "the tokens loaded before are kept")
 		})
 		if r := secDo(t, c, "GET", fn, fresh["root"], "", nil); r.code != 200 {
 			t.Fatalf("after a bad reload: %d %s", r.code, r.body)
