@@ -74,9 +74,14 @@ func (l *turnListener) Accept() (net.Conn, error) {
 // large call puts the connection in fl's turns; a small call to another
 // function takes it out of the turns it is in, so that a client's small
 // calls do not move in the turns of a function it called once (a batch
-// function's, or one it would have pay for them).
+// function's, or one it would have pay for them). A nil fl is a call
+// refused before it was admitted (an unknown model, a token's refusal, a
+// message over the bound): it takes the connection out of its turns too,
+// or every refused call after one large call to a function was read in
+// that function's turns and charged to it, which README promises no one
+// pays.
 func (c *conns) called(local, remote net.Addr, fl *ioshare.Flow, large bool) {
-	if fl == nil || !large && c.inTurns.Load() == 0 {
+	if (fl == nil || !large) && c.inTurns.Load() == 0 {
 		return
 	}
 	tc := c.find(local, remote)
@@ -84,9 +89,9 @@ func (c *conns) called(local, remote net.Addr, fl *ioshare.Flow, large bool) {
 		return
 	}
 	switch was := tc.fl.Load(); {
-	case large && was != fl:
+	case fl != nil && large && was != fl:
 		tc.setFlow(was, fl)
-	case !large && was != nil && was != fl:
+	case (fl == nil || !large) && was != nil && was != fl:
 		tc.setFlow(was, nil)
 	}
 }
@@ -181,6 +186,12 @@ func (t *turnConn) Read(p []byte) (int, error) {
 	}
 	if err := ioshare.WaitReadable(t.Conn); err != nil {
 		return 0, err
+	}
+	if fl = t.flow(); fl == nil {
+		// Taken out of its turns while it waited (a refused call's,
+		// or a small one's to another function): the bytes now
+		// readable are the next call's.
+		return t.Conn.Read(p)
 	}
 	tn := t.turn(fl)
 	defer tn.Done() // a panic must not leave the reader's thread at the function's weight

@@ -129,6 +129,13 @@ func inferHandler(srv any, ctx context.Context, dec func(any) error, interceptor
 	s := srv.(*Server)
 	c := &inferCall{io: inferIO{lend: true}}
 	defer c.inputsDone()
+	defer func() {
+		if c.io.fl == nil { // refused before it named a function it may run
+			if p, ok := peer.FromContext(ctx); ok {
+				s.conns.called(p.LocalAddr, p.Addr, nil, false)
+			}
+		}
+	}()
 	if err := c.io.room.await(ctx, s.opts.BodyBudget); err != nil { // before its message is read (room.go)
 		st, msg := s.door.FailUnnamed(err, "grpc", "ModelInfer", authorization(ctx))
 		return nil, grpcStatus(st, msg, err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/plover-run/plover/grpcapi"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/oip"
 )
 
 // bigSize is the tensor of the I/O tests: a 4 MiB body and answer.
@@ -134,6 +136,67 @@ func TestRefusedInferChargesNoOne(t *testing.T) {
 	if s := ioSecondsOf(t, f.reg, "big"); s != 0 {
 		t.Fatalf("a call refused big's token check charged big %v s of I/O", s)
 	}
+}
+
+// A connection stayed in a function's turns until a call to another
+// function was admitted: calls refused before admission (an unknown
+// model, a token's refusal, a bad id) were read in the turns of the
+// function the client had called once, large, and charged to it (a
+// review's finding). A refused call now takes its connection out.
+func TestARefusedCallTakesItsConnectionOutOfTurns(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		req  func() *pb.ModelInferRequest
+		code codes.Code
+	}{
+		{"unknown model", func() *pb.ModelInferRequest { return rawCall("nosuch", bigSize) }, codes.NotFound},
+		{"not the token's", func() *pb.ModelInferRequest { return rawCall("small", bigSize) }, codes.PermissionDenied},
+		{"an id over its bound", func() *pb.ModelInferRequest {
+			r := rawCall("big", bigSize)
+			r.Id = strings.Repeat("i", oip.MaxID+1)
+			return r
+		}, codes.InvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// nosuch is the token's, not the store's.
+			f := serveBig(t, table{"big-only": {Name: "big-only", Scopes: auth.Invoke, Functions: []string{"big", "nosuch"}}})
+			ctx := metadata.AppendToOutgoingContext(ctxT(t), "authorization", "Bearer big-only")
+			call := func(r *pb.ModelInferRequest) error {
+				_, err := f.client.ModelInfer(ctx, r, grpc.MaxCallSendMsgSize(2*bigSize), grpc.MaxCallRecvMsgSize(2*bigSize))
+				return err
+			}
+			if err := call(rawCall("big", bigSize)); err != nil {
+				t.Fatal(err)
+			}
+			if got := grpcapi.ConnFlows(f.srv); !slices.Equal(got, []string{"big"}) {
+				t.Fatalf("after a large call to big the connections move in %q, want one in big's turns", got)
+			}
+			// The first refused call's message is read before it is
+			// refused, in big's turns: the ones after it are not.
+			if err := call(tc.req()); status.Code(err) != tc.code {
+				t.Fatalf("%v, want %v", err, tc.code)
+			}
+			if got := grpcapi.ConnFlows(f.srv); !slices.Equal(got, []string{""}) {
+				t.Fatalf("after a refused call the connections move in %q, want one in none", got)
+			}
+			before := ioSecondsOf(t, f.reg, "big")
+			for range 5 {
+				if err := call(tc.req()); status.Code(err) != tc.code {
+					t.Fatalf("%v, want %v", err, tc.code)
+				}
+			}
+			if after := ioSecondsOf(t, f.reg, "big"); after != before {
+				t.Fatalf("5 refused calls of %d bytes charged big %.6f s of I/O", bigSize, after-before)
+			}
+		})
+	}
+}
+
+// rawCall is a call to model with one raw UINT8 input of n bytes.
+func rawCall(model string, n int) *pb.ModelInferRequest {
+	return &pb.ModelInferRequest{ModelName: model,
+		Inputs:           []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{int64(n)}}},
+		RawInputContents: [][]byte{make([]byte, n)}}
 }
 
 // ioSecondsOf is plover_io_seconds_total{function=name} as reg gathers it.
