@@ -1003,6 +1003,15 @@ func TestRefusals(t *testing.T) {
 		{"--metrics-listen D, metrics off", required().set("metrics.enabled", false).set("server.extraArgs", []any{"--metrics-listen", ":9100"}), "server.extraArgs --metrics-listen: set metrics.enabled and metrics.port instead"},
 		{"--grpc-listen in extraArgs", required().set("grpc.enabled", true).set("server.extraArgs", []any{"--grpc-listen=0.0.0.0:9001"}), "server.extraArgs --grpc-listen=0.0.0.0:9001: set grpc.enabled and grpc.port instead"},
 		{"-grpc-listen, gRPC off", required().set("server.extraArgs", []any{"-grpc-listen=:8001"}), "server.extraArgs -grpc-listen=:8001: set grpc.enabled and grpc.port instead"},
+		// Flags the chart derives the probes' scheme, a memory check and the
+		// Ingress's body limit from: one in extraArgs would slip past them.
+		{"--tls-cert in extraArgs", required().set("server.extraArgs", []any{"--tls-cert=/c.pem", "--tls-key=/k.pem"}), "server.extraArgs --tls-cert=/c.pem: set tls.enabled and tls.secretName instead"},
+		{"-tls-key D in extraArgs", required().set("server.extraArgs", []any{"-tls-key", "/k.pem"}), "server.extraArgs -tls-key: set tls.enabled and tls.secretName instead"},
+		{"--tls-key, TLS on", required().set("tls.enabled", true).set("tls.secretName", "t").set("server.extraArgs", []any{"--tls-key=/k.pem"}), "server.extraArgs --tls-key=/k.pem: set tls.enabled and tls.secretName instead"},
+		{"--cache-limit in extraArgs", required().set("server.extraArgs", []any{"--cache-limit=100000"}), "server.extraArgs --cache-limit=100000: set server.cacheLimitMiB instead"},
+		{"--cache-limit D past a tmpfs", required().set("data.medium", "Memory").set("resources.limits.memory", "32Gi").set("server.extraArgs", []any{"--cache-limit", "100000"}), "server.extraArgs --cache-limit: set server.cacheLimitMiB instead"},
+		{"--max-body in extraArgs", required().set("server.extraArgs", []any{"--max-body=1024"}), "server.extraArgs --max-body=1024: set server.maxBodyMiB instead"},
+		{"-max-body D in extraArgs", required().set("server.extraArgs", []any{"-max-body", "1024"}), "server.extraArgs -max-body: set server.maxBodyMiB instead"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -194,16 +194,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if lt (int (include "plover.terminationGracePeriodSeconds" .)) (add (int .Values.preStopSleepSeconds) (int .Values.server.graceSeconds)) }}
 {{- fail (printf "terminationGracePeriodSeconds %v is less than preStopSleepSeconds + server.graceSeconds (%d): pods would be killed mid-drain" .Values.terminationGracePeriodSeconds (add (int .Values.preStopSleepSeconds) (int .Values.server.graceSeconds))) }}
 {{- end }}
-{{- /* Flags the chart derives other objects from: given again in extraArgs,
-       the last would win on plover's command line and leave the probes,
-       the Service, the Ingress or the ServiceMonitor on the chart's ports
-       (--listen, --metrics-listen, --grpc-listen), or the pods' termination
-       grace below the drain (--grace). */}}
+{{- /* Flags the chart derives other objects or checks from: given again in
+       extraArgs, the last would win on plover's command line and leave the
+       probes, the Service, the Ingress or the ServiceMonitor on the chart's
+       ports (--listen, --metrics-listen, --grpc-listen), the probes on HTTP
+       against an HTTPS server (--tls-cert, --tls-key: never ready, restarted),
+       the pods' termination grace below the drain (--grace), the bundle cache
+       past the memory check for a tmpfs data volume (--cache-limit), or the
+       Ingress's proxy-body-size below the server's limit (--max-body). */}}
+{{- $tls := "tls.enabled and tls.secretName instead: the chart passes --tls-cert and --tls-key from them and switches the probes to HTTPS, so TLS of its own would have the probes speak HTTP to an HTTPS server and the pod never become ready" }}
 {{- $owned := dict
       "grace" "server.graceSeconds instead: the chart passes --grace from it, and the pods' terminationGracePeriodSeconds and the --timeout check are computed from it, so a --grace of its own would be killed mid-drain"
       "listen" "server.port instead: the chart passes --listen from it, and the probes, the Service and the Ingress reach the API on that port, so a --listen of its own would move the API away from them"
       "metrics-listen" "metrics.enabled and metrics.port instead: the chart passes --metrics-listen from them, and the Service's metrics port and the ServiceMonitor scrape that port, so a --metrics-listen of its own would move the metrics away from them"
-      "grpc-listen" "grpc.enabled and grpc.port instead: the chart passes --grpc-listen from them, and the Service's grpc port leads there, so a --grpc-listen of its own would move gRPC away from it" }}
+      "grpc-listen" "grpc.enabled and grpc.port instead: the chart passes --grpc-listen from them, and the Service's grpc port leads there, so a --grpc-listen of its own would move gRPC away from it"
+      "tls-cert" $tls
+      "tls-key" $tls
+      "cache-limit" "server.cacheLimitMiB instead: the chart passes --cache-limit from it and checks it against resources.limits.memory when data.medium is Memory, so a --cache-limit of its own would pass unchecked"
+      "max-body" "server.maxBodyMiB instead: the chart passes --max-body from it and sets the Ingress's proxy-body-size from it, so a --max-body of its own would have the Ingress refuse bodies the server takes" }}
 {{- range (.Values.server.extraArgs | default list) }}
 {{- $arg := toString . }}
 {{- $a := $arg }}
