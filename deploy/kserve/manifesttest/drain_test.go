@@ -16,6 +16,13 @@ import (
 // such field, so the runtime must fit in it.
 const kserveDefaultGrace = 30 * time.Second
 
+// shutdownMargin is what a pod's grace must hold beyond the preStop sleep
+// and --grace: after the drain plover still closes its workers and flushes
+// its last spans (up to 5 s, cli/serve.go's flushSpans), and the kubelet's
+// SIGKILL at the end of the grace would cut them. The Helm chart leaves the
+// same 5 s.
+const shutdownMargin = 5 * time.Second
+
 // serveDefault is the value of cli/serve.go's const NAME = N * time.Second
 // (or Minute): one of plover serve's defaults, read from its text.
 func serveDefault(t *testing.T, name string) time.Duration {
@@ -60,11 +67,12 @@ func duration(t *testing.T, what, s string) time.Duration {
 
 // TestRuntimeDrains: a pod being deleted sleeps in preStop while KServe's
 // Service drops it, then plover drains for --grace; the pod's termination
-// grace must hold both, or the kubelet kills plover mid-drain. The runtime
-// alone fits KServe's default grace (any InferenceService), and the example
-// InferenceService, which raises the pod's grace, raises --grace to cover
-// plover's request deadline, so that a rollout lets a request admitted
-// just before SIGTERM finish.
+// grace must hold both and shutdownMargin, or the kubelet kills plover
+// mid-drain or while it closes. The runtime alone fits KServe's default
+// grace (any InferenceService), and the example InferenceService, which
+// raises the pod's grace, raises --grace to cover the longest deadline a
+// request may have (--timeout, or up to --max-timeout when the client asks),
+// so that a rollout lets a request admitted just before SIGTERM finish.
 func TestRuntimeDrains(t *testing.T) {
 	rt := one(t, "ClusterServingRuntime")
 	isvc := one(t, "InferenceService")
@@ -84,8 +92,8 @@ func TestRuntimeDrains(t *testing.T) {
 		t.Fatalf("the runtime passes no --grace: plover's default is 10 s, a third of its request deadline")
 	}
 	rtGrace := duration(t, "the runtime's --grace", g)
-	if sleep+rtGrace > kserveDefaultGrace {
-		t.Errorf("preStop %v + --grace %v is more than the %v KServe gives a pod whose InferenceService sets no terminationGracePeriodSeconds", sleep, rtGrace, kserveDefaultGrace)
+	if sleep+rtGrace+shutdownMargin > kserveDefaultGrace {
+		t.Errorf("preStop %v + --grace %v + %v to close is more than the %v KServe gives a pod whose InferenceService sets no terminationGracePeriodSeconds", sleep, rtGrace, shutdownMargin, kserveDefaultGrace)
 	}
 	// KServe appends the InferenceService's args to the runtime's.
 	args := append([]string{}, rtArgs...)
@@ -102,11 +110,22 @@ func TestRuntimeDrains(t *testing.T) {
 		}
 		pod = time.Duration(s) * time.Second
 	}
-	if sleep+grace > pod {
-		t.Errorf("the example's pod grace %v is less than preStop %v + --grace %v: plover would be killed mid-drain", pod, sleep, grace)
+	if sleep+grace+shutdownMargin > pod {
+		t.Errorf("the example's pod grace %v is less than preStop %v + --grace %v + %v to close: plover would be killed mid-drain or while it closes", pod, sleep, grace, shutdownMargin)
 	}
-	if timeout := serveDefault(t, "defaultTimeout"); grace < timeout {
-		t.Errorf("the example's --grace %v is shorter than plover's request deadline (--timeout, %v): a rollout cuts requests within it", grace, timeout)
+	// The longest deadline a request may have: --timeout when it asks none,
+	// else what it asks cut to --max-timeout (never below --timeout: the
+	// engine takes the larger).
+	timeout := serveDefault(t, "defaultTimeout")
+	if v, ok := lastFlag(args, "timeout"); ok {
+		timeout = duration(t, "--timeout", v)
+	}
+	longest := max(timeout, serveDefault(t, "defaultMaxTimeout"))
+	if v, ok := lastFlag(args, "max-timeout"); ok {
+		longest = max(timeout, duration(t, "--max-timeout", v))
+	}
+	if grace < longest {
+		t.Errorf("the example's --grace %v is shorter than the longest deadline a request may have (--timeout %v, a client's up to --max-timeout: %v): a rollout cuts requests within it", grace, timeout, longest)
 	}
 }
 
