@@ -152,8 +152,11 @@ func (c *client) upload(path, contentType string, body io.Reader, size int64, id
 	return nil
 }
 
-// stallWatch reads a request's body or an answer's stream, restarting t
-// (which cancels the request) at each byte read, and once more at its end.
+// stallWatch reads a request's body, restarting t (which cancels the
+// request) at each byte read, and once more at its end. The time between
+// Reads is what it watches: the transport writes what one Read gave before
+// it reads again, and a stalled link blocks that write. (A stream read by
+// the CLI, whose consumer may block between Reads, has readWatch.)
 type stallWatch struct {
 	r    io.Reader
 	size int64

@@ -31,7 +31,7 @@ func logsCmd() *command {
 			"  plover logs saxpy --since 5m --follow   # the last 5 minutes, then each new line as it comes (^C stops)",
 		flags: func(fs *flag.FlagSet) {
 			ep.serverFlag(fs)
-			fs.BoolVar(&follow, "follow", false, "keep printing new lines as the function writes them, until interrupted")
+			fs.BoolVar(&follow, "follow", false, "keep printing new lines as the function writes them, until interrupted or the server ends the stream; exit 1 when the answer has not started within "+followStart.String()+", or when the stream, once it sent a keep-alive (an empty line, after "+followKeepAlive.String()+" without a line; older servers send none and are not timed), then sends nothing for "+followIdle.String())
 			fs.DurationVar(&since, "since", 0, "only lines from this long ago on (default: all the server keeps, the last 1000 lines or 256 KiB)")
 			fs.BoolVar(&asJSON, "json", false, "print the server's lines as they come: one JSON object a line (time, stream, pid, line)")
 		},
@@ -74,8 +74,8 @@ func logsCmd() *command {
 				}
 				defer resp.Body.Close()
 				started.Store(true)
-				t.Reset(followIdle)
-				body = &stallWatch{r: resp.Body, idle: followIdle, t: t}
+				t.Stop() // readWatch arms it from the first keep-alive on
+				body = &readWatch{r: resp.Body, idle: followIdle, t: t, prev: '\n'}
 			} else {
 				resp, err := c.do(http.MethodGet, path, "", nil)
 				if err != nil {
@@ -114,6 +114,37 @@ var (
 	followIdle      = 45 * time.Second
 	followKeepAlive = 15 * time.Second
 )
+
+// readWatch reads a followed stream, t (which ends it) running only while
+// a Read waits for the server: the time its reader takes to pass a line on
+// is not the server's silence (a pager that stops reading blocks the
+// writes, and a watch between Reads cut a live stream after idle). It is
+// off until the first keep-alive, an empty line, shows the server sends
+// them: a server older than the keep-alive sends none, and its quiet
+// stream is not a dead one.
+type readWatch struct {
+	r    io.Reader
+	idle time.Duration
+	t    *time.Timer
+	on   bool // a keep-alive came
+	prev byte // the byte before this Read's, to see an empty line
+}
+
+func (w *readWatch) Read(p []byte) (int, error) {
+	if w.on {
+		w.t.Reset(w.idle)
+	}
+	n, err := w.r.Read(p)
+	w.t.Stop()
+	for _, b := range p[:n] {
+		if w.on {
+			break
+		}
+		w.on = b == '\n' && w.prev == '\n'
+		w.prev = b
+	}
+	return n, err
+}
 
 // printLogs copies the server's NDJSON lines to w as they arrive: as they
 // are with asJSON (but for the characters visibleJSON escapes), else one

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -43,48 +44,92 @@ func TestLogsFollowEndIsExplained(t *testing.T) {
 // A followed stream that stops moving is given up, naming the server: one
 // whose answer never starts (followStart), and one silent past three
 // keep-alives (followIdle). --follow waited forever on a server gone
-// without a trace. A stream whose keep-alives come lasts past followIdle.
+// without a trace.
 func TestLogsFollowGivesUpOnSilence(t *testing.T) {
 	defer func(s, i time.Duration) { followStart, followIdle = s, i }(followStart, followIdle)
 	followStart, followIdle = 200*time.Millisecond, 300*time.Millisecond
-	const line = `{"time":"2026-01-01T00:00:00Z","stream":"stdout","pid":1,"line":"hi"}` + "\n"
-
 	var raw *rawServer
 	raw = newRawServer(t, func(net.Conn, *http.Request) { <-raw.release })
 	_, errs, code := runMain(t, nil, "logs", "fn", "--follow", "--server", raw.url())
 	if want := "plover logs: the plover server at " + raw.url() + ": no answer to the log request within 200ms"; code != 1 || !strings.Contains(errs, want) {
 		t.Errorf("no answer: exit %d, stderr %q; want %q", code, errs, want)
 	}
+}
 
+// slowWriter is a reader that stops reading for a while (a pager, a full
+// pipe): its first Write waits delay.
+type slowWriter struct {
+	b     bytes.Buffer // not embedded: its WriteString would skip Write
+	delay time.Duration
+}
+
+func (w *slowWriter) Write(p []byte) (int, error) {
+	if w.b.Len() == 0 {
+		time.Sleep(w.delay)
+	}
+	return w.b.Write(p)
+}
+
+// Only the server's silence ends a followed stream: not the time its
+// reader takes (a slow reader was cut after followIdle, its keep-alives
+// waiting unread), nor the quiet of a server that sends no keep-alives (one
+// older than them), which is not timed.
+func TestLogsFollowSilenceIsTheServers(t *testing.T) {
+	defer func(i time.Duration) { followIdle = i }(followIdle)
+	followIdle = 300 * time.Millisecond
+	const line = `{"time":"2026-01-01T00:00:00Z","stream":"stdout","pid":1,"line":"hi"}` + "\n"
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/x-ndjson")
-		w.Write([]byte(line))
-		w.(http.Flusher).Flush()
-		if r.URL.Query().Get("since") == "" {
-			<-r.Context().Done() // silent until the client goes
-			return
-		}
-		// Keep-alives for longer than followIdle, then the end.
-		tick := time.NewTicker(followIdle / 6)
-		defer tick.Stop()
-		for range 12 {
-			select {
-			case <-tick.C:
-			case <-r.Context().Done():
-				return
-			}
-			w.Write([]byte("\n"))
+		send := func(s string) {
+			w.Write([]byte(s))
 			w.(http.Flusher).Flush()
+		}
+		wait := func(d time.Duration) bool {
+			select {
+			case <-time.After(d):
+				return true
+			case <-r.Context().Done():
+				return false
+			}
+		}
+		switch strings.Split(r.URL.Path, "/")[3] {
+		case "silent": // a keep-alive, a line, then nothing until the client goes
+			send("\n" + line)
+			<-r.Context().Done()
+		case "alive": // a keep-alive, a line, keep-alives past followIdle, the end
+			send("\n" + line)
+			for range 12 {
+				if !wait(followIdle / 6) {
+					return
+				}
+				send("\n")
+			}
+		case "old": // a line, then quiet past followIdle (no keep-alives), the end
+			send(line)
+			wait(2 * followIdle)
 		}
 	}))
 	defer srv.Close()
-	out, errs, code := runMain(t, nil, "logs", "fn", "--follow", "--server", srv.URL)
-	want := "plover logs: the log stream from " + srv.URL + " sent nothing for 300ms, though a live one sends a keep-alive line every 15s: the server or the connection is gone"
-	if code != 1 || !strings.Contains(out, "| hi") || !strings.Contains(errs, want) {
-		t.Errorf("silent: exit %d, stdout %q, stderr %q; want %q", code, out, errs, want)
+	tests := []struct {
+		name  string
+		fn    string
+		delay time.Duration // the reader's pause at the first line
+		code  int
+		want  string // in stderr
+	}{
+		{"silent", "silent", 0, 1, "plover logs: the log stream from " + srv.URL + " sent nothing for 300ms, though a live one sends a keep-alive line every 15s: the server or the connection is gone"},
+		{"keep-alives", "alive", 0, 0, "the server ended the stream"},
+		{"a slow reader", "alive", 2 * followIdle, 0, "the server ended the stream"},
+		{"a server without keep-alives", "old", 0, 0, "the server ended the stream"},
 	}
-	out, errs, code = runMain(t, nil, "logs", "fn", "--follow", "--since", "1m", "--server", srv.URL)
-	if code != 0 || !strings.Contains(out, "| hi") || !strings.Contains(errs, "the server ended the stream") {
-		t.Errorf("keep-alives: exit %d, stdout %q, stderr %q", code, out, errs)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var errb bytes.Buffer
+			out := &slowWriter{delay: tt.delay}
+			code := Main([]string{"logs", tt.fn, "--follow", "--server", srv.URL}, &Env{Stdin: strings.NewReader(""), Stdout: out, Stderr: &errb})
+			if code != tt.code || !strings.Contains(out.b.String(), "| hi") || !strings.Contains(errb.String(), tt.want) {
+				t.Errorf("exit %d, stdout %q, stderr %q; want exit %d, %q", code, out.b.String(), errb.String(), tt.code, tt.want)
+			}
+		})
 	}
 }
