@@ -50,7 +50,8 @@ func (e *endpoint) direct() bool { return e.store != "" }
 const storeNote = `Where it acts: the server (--server, else $PLOVER_SERVER, else ` + DefaultServer + `),
 or with --store the object store itself. A flag on the command line beats the
 other's variable: --server wins over $PLOVER_STORE, --store over
-$PLOVER_SERVER; both flags together are refused (exit 2). With neither flag,
+$PLOVER_SERVER; both flags together are refused (exit 2). An empty one
+(--server=, --store=) overrides only its own variable. With neither flag,
 $PLOVER_STORE wins over $PLOVER_SERVER. A command that acts on a store says
 which.`
 
@@ -64,9 +65,12 @@ func endpointChosen(fs *pflag.FlagSet) (unread []string, err error) {
 	if server == nil || store == nil {
 		return nil, nil
 	}
-	// An empty --store= says "not the store", as an unset one does: that
-	// is its own variable overridden, and the server's still read.
-	serverGiven, storeGiven := server.Changed, store.Changed && store.Value.String() != ""
+	// An empty flag (--store=, --server=) overrides its own variable but
+	// names no place to act on, so it leaves the other's variable read:
+	// an empty --server= that blocked $PLOVER_STORE (and was refused beside
+	// --store) while an empty --store= did neither read as two rules.
+	serverGiven := server.Changed && server.Value.String() != ""
+	storeGiven := store.Changed && store.Value.String() != ""
 	switch {
 	case serverGiven && storeGiven:
 		return nil, errors.New("--server and --store both given: a command acts on one of them (--server: the server's API; --store: the store directly)")
