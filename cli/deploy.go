@@ -283,7 +283,7 @@ func invokeCmd() *command {
 		flags: func(fs *flag.FlagSet) {
 			ep.serverFlag(fs)
 			fs.StringVar(&in, "in", "-", "input file, - for stdin")
-			fs.StringVar(&out, "out", "-", "output file, - for stdout")
+			fs.StringVar(&out, "out", "-", "output file, - for stdout. FILE must be writable before the request is sent, and gets the output only once it is whole: it goes to a temporary file beside FILE, renamed over it where that is the same as writing it (FILE ours, one link, no set-id bit or extended attributes), else copied into it; a failed invoke leaves FILE as it was. A device, a pipe, /dev/stdout or /dev/fd/N (or a file that is stdout) is written through, at its position")
 			fs.BoolVar(&asJSON, "json", false, "send a JSON request and print the JSON response (base64 output, start kind, timings)")
 			fs.BoolVar(&timing, "timing", false, "print the start kind and the server's timing breakdown to stderr")
 			fs.DurationVar(&timeout, "timeout", 0, "the request's deadline, queue and run (sent as X-Plover-Timeout-Ms; the server's --max-timeout, "+defaultMaxTimeout.String()+" by default, caps it); plover invoke also stops waiting "+invokeGrace.String()+" after it (0: the server's --timeout, "+defaultTimeout.String()+" by default, and plover invoke waits up to "+requestTimeout.String()+")")
@@ -356,7 +356,7 @@ func invoke(c *client, name string, input []byte, out string, o invokeOptions, e
 	// invoke before the function runs for nothing.
 	var w io.Writer = env.Stdout
 	if out != "-" {
-		f, err := createOut(out)
+		f, err := createOut(out, env)
 		if err != nil {
 			return err
 		}
@@ -378,7 +378,7 @@ func invoke(c *client, name string, input []byte, out string, o invokeOptions, e
 		fmt.Fprintf(env.Stderr, "start=%s version=%s\nServer-Timing: %s\n", resp.Header.Get("X-Plover-Start"), resp.Header.Get("X-Plover-Version"), resp.Header.Get("Server-Timing"))
 	}
 	left := ""
-	if f, ok := w.(*outFile); ok && f.tmp != "" {
+	if f, ok := w.(*outFile); ok && f.whole() {
 		left = fmt.Sprintf(" (--out %s left as it was)", out)
 	}
 	fw := &fileutil.Writer{W: w}
