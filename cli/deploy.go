@@ -11,10 +11,12 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -363,13 +365,21 @@ func invoke(c *client, name string, input []byte, out string, o invokeOptions, e
 		defer f.abort()
 		w = f
 	}
+	// ^C or SIGTERM ends the request, so that the deferred abort runs:
+	// ended by the signal's default action, invoke left --out's
+	// temporary file behind.
+	sig, stopSig := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stopSig()
 	// The wait is the context's alone: the client's requestTimeout would
 	// end a --timeout longer than it (a server with a raised --max-timeout).
 	wait := invokeWait(o.timeout)
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(sig, wait)
 	defer cancel()
 	c = c.bounded(wait)
 	resp, err := c.doRequest(ctx, http.MethodPost, "/v1/functions/"+name+"/invoke", ct, bytes.NewReader(body), int64(len(body)), hdr)
+	if sig.Err() != nil {
+		return errors.New("interrupted before the answer came: the function may have run")
+	}
 	if err != nil {
 		return invokeTimeoutError(ctx, name, o.timeout, err)
 	}
@@ -384,6 +394,8 @@ func invoke(c *client, name string, input []byte, out string, o invokeOptions, e
 	fw := &fileutil.Writer{W: w}
 	if _, err := io.Copy(fw, resp.Body); err != nil {
 		switch {
+		case sig.Err() != nil && fw.Err == nil:
+			return fmt.Errorf("interrupted while the answer came%s", left)
 		case fw.Err != nil && left != "":
 			return fmt.Errorf("--out %s: writing the output: %w (the file is left as it was)", out, fw.Err)
 		case fw.Err != nil && out != "-":

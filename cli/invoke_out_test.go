@@ -7,10 +7,12 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
@@ -346,6 +348,42 @@ func TestInvokeOutAsTheShellWrites(t *testing.T) {
 			}
 			if tt.check != nil {
 				tt.check(t, dir, stdout.String())
+			}
+		})
+	}
+}
+
+// ^C (or SIGTERM) while the answer comes ends plover invoke with --out's
+// temporary file removed and FILE as it was: the signal's default action
+// ended it with the temporary file left beside FILE.
+func TestInvokeInterruptedLeavesNoTemporaryFile(t *testing.T) {
+	// Caught here too, so that an invoke that does not catch them fails
+	// the test (by its --timeout) instead of ending the test binary.
+	caught := make(chan os.Signal, 2)
+	signal.Notify(caught, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(caught)
+	for _, s := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		t.Run(s.String(), func(t *testing.T) {
+			var srv *rawServer
+			srv = newRawServer(t, func(c net.Conn, _ *http.Request) {
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 100\r\n\r\n0123456789")
+				time.Sleep(50 * time.Millisecond) // the first part written to the temporary file
+				syscall.Kill(os.Getpid(), s)
+				<-srv.release
+			})
+			dir := t.TempDir()
+			in, out := filepath.Join(dir, "in"), filepath.Join(dir, "out")
+			os.WriteFile(in, []byte("input"), 0o644)
+			os.WriteFile(out, []byte("the old output"), 0o644)
+			_, errs, code := runMain(t, nil, "invoke", "f", "--server", srv.url(), "--in", in, "--out", out, "--timeout", "1s")
+			if want := "plover invoke: interrupted while the answer came (--out " + out + " left as it was)"; code != 1 || !strings.Contains(errs, want) {
+				t.Errorf("exit %d, stderr %q; want %q", code, errs, want)
+			}
+			if b, _ := os.ReadFile(out); string(b) != "the old output" {
+				t.Errorf("%s holds %q", out, b)
+			}
+			if ents, _ := os.ReadDir(dir); len(ents) != 2 {
+				t.Errorf("%s holds %v; want in and out alone", dir, ents)
 			}
 		})
 	}
