@@ -160,3 +160,33 @@ func setManifestField(t *testing.T, dir, field string, v any) {
 		t.Fatal(err)
 	}
 }
+
+// plover run wrote --out with os.WriteFile once the run was done: a FILE
+// it could not write failed after the run, behind the run's own error,
+// and one cut short by a full disk kept part of the output (the 58th
+// session's LOW). It opens FILE first now, as invoke's --out does
+// (outfile.go): a bundle that would fail its run is never run.
+func TestRunOpensItsOutFirst(t *testing.T) {
+	if _, err := exec.LookPath("g++"); err != nil {
+		t.Skip("no g++")
+	}
+	dir := initDir(t, "loop")
+	kernelFixture(t, dir, "loop", `__global__ void loop_kernel(const float *x, const float *ab, float *y, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i == n - 1) y[i + 8] = 0; // MARK
+}`, "// MARK")
+	setManifestField(t, dir, "out_bytes", 4000) // the kernel writes past it
+	if _, stderr, err := runCommand(buildCmd(), dir); err != nil {
+		t.Fatalf("build: %v\n%s", err, stderr)
+	}
+	in := filepath.Join(t.TempDir(), "in.bin")
+	os.WriteFile(in, make([]byte, 4000), 0o644)
+	if _, _, err := runCommand(runCmd(), dir, "--in", in, "--out", filepath.Join(t.TempDir(), "out.bin")); err == nil || !strings.Contains(err.Error(), "wrote past") {
+		t.Fatalf("the run with a writable --out: %v, want its overrun caught", err)
+	}
+	outDir := t.TempDir() // a directory: no --out can be written there
+	_, stderr, err := runCommand(runCmd(), dir, "--in", in, "--out", outDir)
+	if err == nil || !strings.Contains(err.Error(), "is a directory") || strings.Contains(err.Error(), "wrote past") {
+		t.Fatalf("run with --out a directory: %v, want the --out refused before the run (whose kernel writes past out)\n%s", err, stderr)
+	}
+}

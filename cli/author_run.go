@@ -61,13 +61,26 @@ func runCmd() *command {
 			if err != nil {
 				return err
 			}
+			// Opened before the run and written as invoke's --out is
+			// (outfile.go): a FILE that cannot be written fails first, and
+			// one written fails whole or not at all.
+			var of *outFile
+			if out != "-" {
+				if of, err = createOut(out, env); err != nil {
+					return err
+				}
+				defer of.abort()
+			}
 			rep, output, err := runLocal(dir, input, repeat, timeout, checked, env.Stderr)
 			if err != nil {
 				return err
 			}
-			if out != "-" {
-				if err := os.WriteFile(out, output, 0o644); err != nil {
-					return fmt.Errorf("--out: %w", err)
+			if of != nil {
+				if _, err := of.Write(output); err != nil {
+					return fmt.Errorf("--out %s: %w", out, err)
+				}
+				if err := of.commit(); err != nil {
+					return err
 				}
 			}
 			if asJSON {
