@@ -37,6 +37,8 @@ var (
 		"Device memory as Plover accounts it.", []string{"device", "kind"}, nil)
 	descPinned = prometheus.NewDesc("plover_pinned_host_bytes",
 		"Host memory pinned for the device's request slots (a GPU's workers: page-locked whole while their worker lives).", []string{"device"}, nil)
+	descPinnedLimit = prometheus.NewDesc("plover_pinned_host_limit_bytes",
+		"What the device's pool slots may bring plover_pinned_host_bytes to (no series: no bound).", []string{"device"}, nil)
 	descPinRefusals = prometheus.NewDesc("plover_pin_refusals_total",
 		"Request slots the device's driver refused to pin: requests on them are staged through their instance's buffers.", []string{"device"}, nil)
 	descHealthy = prometheus.NewDesc("plover_device_healthy",
@@ -55,7 +57,7 @@ var (
 )
 
 func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStarts, descDeviceSeconds, descIOSeconds, descIOPieces, descBodies, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descPinned, descPinRefusals, descHealthy, descCache, descWorkerRSS, descWorkerPSS, descWorkerThreads, descBatchSize} {
+	for _, d := range []*prometheus.Desc{descStarts, descDeviceSeconds, descIOSeconds, descIOPieces, descBodies, descInstances, descQueue, descFuncMem, descEvictions, descDevMem, descPinned, descPinnedLimit, descPinRefusals, descHealthy, descCache, descWorkerRSS, descWorkerPSS, descWorkerThreads, descBatchSize} {
 		ch <- d
 	}
 }
@@ -120,6 +122,9 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		if p, ok := d.(device.HostPinning); ok && device.PinsHost(d.Target()) {
 			pi := p.Pinning()
 			ch <- prometheus.MustNewConstMetric(descPinned, prometheus.GaugeValue, float64(pi.Bytes), d.Name())
+			if pi.Limit > 0 {
+				ch <- prometheus.MustNewConstMetric(descPinnedLimit, prometheus.GaugeValue, float64(pi.Limit), d.Name())
+			}
 			ch <- prometheus.MustNewConstMetric(descPinRefusals, prometheus.CounterValue, float64(pi.Refused), d.Name())
 		}
 		healthy := 1.0
