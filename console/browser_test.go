@@ -117,6 +117,28 @@ func (f *fake) waitAsks(path string, n int, d time.Duration) []asked {
 	}
 }
 
+// healthz answers /healthz for one device as plover serve does: its name,
+// target and health to anyone; to the token (a read token's detail) its
+// memory (1000 B, 600 free, 400 used), detail's fields besides, and while
+// it is unhealthy (503) its error, "device lost".
+func healthz(w http.ResponseWriter, r *http.Request, name, target string, healthy bool, detail map[string]any) {
+	dev := map[string]any{"name": name, "target": target, "healthy": healthy}
+	status, code := "ok", 200
+	if !healthy {
+		status, code = "unhealthy", 503
+	}
+	if r.Header.Get("Authorization") == "Bearer "+token {
+		dev["mem_total_bytes"], dev["mem_free_bytes"], dev["mem_used_bytes"] = 1000, 600, 400
+		for k, v := range detail {
+			dev[k] = v
+		}
+		if !healthy {
+			dev["error"] = "device lost"
+		}
+	}
+	writeJSON(w, code, map[string]any{"status": status, "devices": []any{dev}})
+}
+
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
@@ -247,18 +269,7 @@ func TestPollsSpareTheTokensRate(t *testing.T) {
 				"plover_device_memory_bytes{device=\"cpu0\",kind=\"free\"} 600\n"+
 				"plover_device_memory_bytes{device=\"cpu0\",kind=\"used\"} 400\n")
 		case "/healthz":
-			dev := map[string]any{"name": "cpu0", "target": "host", "healthy": healthy}
-			status, code := "ok", 200
-			if !healthy {
-				status, code = "unhealthy", 503
-			}
-			if r.Header.Get("Authorization") == "Bearer "+token { // as plover serve: a read token's detail
-				dev["mem_total_bytes"], dev["mem_free_bytes"], dev["mem_used_bytes"] = 1000, 600, 400
-				if !healthy {
-					dev["error"] = "device lost"
-				}
-			}
-			writeJSON(w, code, map[string]any{"status": status, "devices": []any{dev}})
+			healthz(w, r, "cpu0", "host", healthy, nil)
 		default:
 			http.NotFound(w, r)
 		}

@@ -114,43 +114,70 @@ function dropOutput() {
 // a run may take minutes, and the refresh goes on meanwhile.
 let reads = Promise.resolve();
 
-// readWait bounds how long a read waits for its answer's headers: one the
-// server holds (a slow store behind the listing) would otherwise hold
-// every later read of the page in the chain above, each view's too.
+// readWait bounds how long a read waits for its whole answer: one the
+// server holds (a slow store behind the listing), or whose body stalls
+// after its headers (a proxy that holds it), would otherwise hold that
+// view's refresh for ever, and before its headers every later read of the
+// page in the chain above, each view's too.
 const readWait = 15000;
 
 // api calls the server with the user's token; an error's message is the
 // server's {"error":{"message"}} when it sent one. opts.accept lists
 // statuses besides 2xx whose answer the caller reads (/healthz's 503);
 // opts.anonymous sends no token (a route open to all, where a token's
-// request would be counted against its rate).
+// request would be counted against its rate); opts.signal ends a read,
+// asked or waiting its turn (a view that ended); opts.stream is a read
+// whose body goes on (the followed output): readWait bounds its headers
+// only, and its caller watches the body.
 async function api(path, opts = {}) {
   const headers = new Headers(opts.headers || {});
-  const t = opts.anonymous ? null : sessionStorage.getItem(KEY);
-  if (t) headers.set("Authorization", "Bearer " + t);
-  let sent;
+  // The token is read as the request goes out, not before its turn: one
+  // that waited through a sign-out carries none.
+  let t = null;
+  const auth = () => {
+    t = opts.anonymous ? null : sessionStorage.getItem(KEY);
+    if (t) headers.set("Authorization", "Bearer " + t);
+  };
+  let r;
   if ((opts.method || "GET") === "GET") {
-    const send = async () => {
-      // late ends the request: readWait without headers, or the caller's
-      // signal (followed here, not joined with AbortSignal.any: Safari
-      // before 17.4 and Firefox before 124 have none).
-      const late = new AbortController();
-      const timer = setTimeout(() => late.abort(), readWait);
+    // late ends the request: readWait without the whole answer, or the
+    // caller's signal (followed here, not joined with AbortSignal.any:
+    // Safari before 17.4 and Firefox before 124 have none).
+    const late = new AbortController(), end = () => late.abort();
+    let timer = null;
+    const send = () => {
       if (opts.signal) {
         if (opts.signal.aborted) late.abort();
-        else opts.signal.addEventListener("abort", () => late.abort(), { once: true });
+        else opts.signal.addEventListener("abort", end, { once: true });
       }
-      const signal = late.signal;
-      try { return await fetch(path, { ...opts, headers, signal }); }
-      catch (e) {
-        if (late.signal.aborted && !(opts.signal && opts.signal.aborted)) throw new ApiError(path + ": no answer within " + readWait / 1000 + " s");
-        throw e;
-      } finally { clearTimeout(timer); } // the headers came: a followed stream's body goes on
+      auth();
+      timer = setTimeout(() => late.abort(), readWait);
+      return fetch(path, { ...opts, headers, signal: late.signal });
     };
-    sent = reads.then(send);
+    const sent = reads.then(send);
     reads = sent.then(() => {}, () => {});
-  } else sent = fetch(path, { ...opts, headers });
-  const r = await sent;
+    try {
+      r = await sent;
+      // The body is read here, under the timer: headers then nothing would
+      // leave r.json() waiting for ever. A stream that answers 2xx is its
+      // caller's to watch; its refusal's body is read here as any other.
+      if (!(opts.stream && r.ok)) {
+        const body = [101, 103, 204, 205, 304].includes(r.status) ? null : await r.arrayBuffer();
+        r = new Response(body, { status: r.status, statusText: r.statusText, headers: r.headers });
+      }
+    } catch (e) {
+      if (late.signal.aborted && !(opts.signal && opts.signal.aborted)) throw new ApiError(path + (r ? ": the answer stopped short of its end" : ": no answer") + " within " + readWait / 1000 + " s");
+      throw e;
+    } finally {
+      clearTimeout(timer);
+      // A poll's signal lives as long as its view: each read's listener
+      // goes once the read is done (a stream's, once the stream is).
+      if (opts.signal && !(opts.stream && r && r.ok)) opts.signal.removeEventListener("abort", end);
+    }
+  } else {
+    auth();
+    r = await fetch(path, { ...opts, headers });
+  }
   if (r.status === 401 && !opts.anonymous) { // no token sent: none to drop
     // A request sent with a token since replaced (signed in again while it
     // ran) speaks for no one now: its view has ended.
@@ -248,8 +275,8 @@ const bytes = (n) => n >= 1 << 30 ? (n / (1 << 30)).toFixed(1) + " GiB" : n >= 1
 const pct = (f) => (100 * (f || 0)).toFixed(1) + "%";
 const short = (v) => (v || "").slice(0, 12);
 
-async function figures() {
-  const [fr, mr] = await Promise.all([api("/v1/functions"), api("/metrics")]);
+async function figures(signal) {
+  const [fr, mr] = await Promise.all([api("/v1/functions", { signal }), api("/metrics", { signal })]);
   const fns = (await fr.json()).functions;
   const samples = parseMetrics(await mr.text());
   return { fns: fns || [], samples, q: quantiles(samples) };
@@ -262,36 +289,50 @@ const say = (m) => { if (statusLine.textContent !== m) statusLine.textContent = 
 // pollCap bounds how long a failing poll waits before it asks again.
 const pollCap = 30000;
 
-// every runs f now and then ms after each run ends, while the view lives.
-// Each request counts against the token's rate, as a client's would: a
-// run that fails waits longer each time in a row (twice ms, doubling, at
-// most pollCap) and at least what the server's Retry-After asks (a 429's
-// is when the token's bucket holds a request again), so that a page over
-// its token's rate does not go on taking what the token's other clients
-// could have. A hidden tab asks nothing (no one reads it), and asks at
-// once when shown again.
+// every runs f(signal) now and then ms after each run ends, while the
+// view lives. Each request counts against the token's rate, as a client's
+// would: a run that fails waits longer each time in a row (twice ms,
+// doubling, at most pollCap) and at least what the server's Retry-After
+// asks (a 429's is when the token's bucket holds a request again), so that
+// a page over its token's rate does not go on taking what the token's
+// other clients could have. A hidden tab asks nothing (no one reads it),
+// and asks at once when shown again. The view's end (sign-out, another
+// route) aborts signal, which f passes to each request: one asked or
+// waiting its turn goes no further, and what a run that ended with its
+// view did or failed to do is not said on the status line, which is the
+// next view's (or the sign-in page's, where the last user's function names
+// and errors are no one's to read).
 function every(ms, f) {
   let live = true, timer = null, parked = false, fails = 0;
+  const ended = new AbortController();
   const tick = async () => {
     if (!live) return;
     if (document.hidden) { parked = true; return; }
     let wait = ms;
-    try { await f(); fails = 0; say(""); }
-    catch (e) {
+    try {
+      await f(ended.signal);
+      if (!live) return;
+      fails = 0; say("");
+    } catch (e) {
+      if (!live) return;
       if (e instanceof Unauthenticated) { live = false; return; }
       fails++;
       wait = Math.max(Math.min(pollCap, ms * 2 ** fails), e.retryAfter || 0);
       say(visible(e.message) + " (asking again in " + Math.ceil(wait / 1000) + " s)");
     }
-    if (live) timer = setTimeout(tick, wait);
+    timer = setTimeout(tick, wait);
   };
   const seen = () => { if (!document.hidden && parked) { parked = false; tick(); } };
   document.addEventListener("visibilitychange", seen);
   tick();
-  stop.push(() => { live = false; clearTimeout(timer); document.removeEventListener("visibilitychange", seen); });
+  stop.push(() => { live = false; ended.abort(); clearTimeout(timer); document.removeEventListener("visibilitychange", seen); });
 }
 
 // ---- overview ----
+
+// pinning is /healthz's fields of a device's pinned host memory, by the
+// metric that carries each.
+const pinning = new Map([["plover_pinned_host_bytes", "pinned_host_bytes"], ["plover_pinned_host_limit_bytes", "pinned_host_limit_bytes"], ["plover_pin_refusals_total", "pin_refusals"]]);
 
 // nodeHealth is /healthz's answer with each device's memory, for the
 // overview. It is asked without the token: the server answers anyone
@@ -302,8 +343,8 @@ function every(ms, f) {
 // unhealthy, its error from /healthz asked with the token: one request
 // more a refresh only then. An unhealthy device is a 503 with the same
 // body: shown, not taken for a failed read.
-async function nodeHealth(samples) {
-  const ask = async (anonymous) => (await api("/healthz", { accept: [503], anonymous })).json();
+async function nodeHealth(samples, signal) {
+  const ask = async (anonymous) => (await api("/healthz", { accept: [503], anonymous, signal })).json();
   const h = await ask(true);
   const withheld = (h.devices || []).some((d) => !("mem_total_bytes" in d));
   if (!withheld || !sessionStorage.getItem(KEY)) return h;
@@ -312,8 +353,10 @@ async function nodeHealth(samples) {
   const set = (dev, k, v) => { (mem[dev] ||= {})[k] = v; };
   for (const s of samples) {
     if (s.name === "plover_device_memory_bytes" && ["total", "free", "used"].includes(s.labels.kind)) set(s.labels.device, "mem_" + s.labels.kind + "_bytes", s.value);
-    else if (s.name === "plover_pinned_host_bytes") set(s.labels.device, "pinned_host_bytes", s.value);
-    else if (s.name === "plover_pin_refusals_total") set(s.labels.device, "pin_refusals", s.value);
+    // /healthz leaves these out when 0 (none pinned, no bound, none
+    // refused): so here, that a device shows the same fields whether
+    // read from /metrics or, while one is unhealthy, from /healthz.
+    else if (pinning.has(s.name) && s.value) set(s.labels.device, pinning.get(s.name), s.value);
   }
   return { ...h, devices: h.devices.map((d) => ({ ...d, ...mem[d.name] })) };
 }
@@ -327,8 +370,8 @@ function overview() {
       el("table", {}, el("thead", {}, el("tr", {}, ...["function", "version", "target", "warm", "requests", "client errors", "server errors", "p50", "p99", "device share", "memory"].map((h) => el("th", {}, h)))), fnBody)),
     el("section", {}, el("h2", {}, "Node"), health),
     el("section", {}, el("h2", {}, "Scheduler flows"), el("table", {}, el("thead", {}, el("tr", {}, ...["function", "priority", "share", "queued", "device seconds", "device share"].map((h) => el("th", {}, h)))), flows)));
-  every(2000, async () => {
-    const { fns, samples, q } = await figures();
+  every(2000, async (signal) => {
+    const { fns, samples, q } = await figures(signal);
     fnBody.replaceChildren(...fns.map((f) => {
       const l = q[f.name] || {};
       return el("tr", { "data-function": f.name },
@@ -345,7 +388,7 @@ function overview() {
     flows.replaceChildren(...fns.filter((f) => f.kind !== "pipeline").map((f) =>
       el("tr", { "data-flow": f.name }, el("td", {}, f.name), el("td", {}, f.priority || ""), el("td", { class: "num" }, f.share ?? ""),
         el("td", { class: "num" }, f.queue_depth || 0), el("td", { class: "num" }, (f.device_seconds || 0).toFixed(3)), el("td", { class: "num" }, pct(f.device_fraction)))));
-    const h = await nodeHealth(samples);
+    const h = await nodeHealth(samples, signal);
     health.replaceChildren(el("p", { class: h.status === "ok" ? "ok" : "error", id: "health-status" }, "status: " + h.status),
       el("table", {}, el("tbody", {}, ...(h.devices || []).map((d) =>
         el("tr", {}, ...Object.entries(d).map(([k, v]) => el("td", {}, k + ": " + (typeof v === "object" ? JSON.stringify(v) : v))))))));
@@ -382,8 +425,12 @@ function functionPage(name, query) {
     el("section", {}, el("h3", {}, "Output"), logs));
 
   let shown = "";
-  const showVersions = async () => {
-    const rec = await (await api("/v1/functions/" + enc + "/versions")).json();
+  // A rollback's refresh of the versions ends with the view, as the
+  // polls' do (every).
+  const view = new AbortController();
+  stop.push(() => view.abort());
+  const showVersions = async (signal = view.signal) => {
+    const rec = await (await api("/v1/functions/" + enc + "/versions", { signal })).json();
     // Redrawn only when the record changed, so that a button is not
     // replaced under the pointer every 2 s.
     const key = JSON.stringify(rec);
@@ -419,9 +466,9 @@ function functionPage(name, query) {
   // seldom changes. A refresh is two requests so, not three: within a
   // burst of 2.
   let versionsOf = "", versionsAt = 0;
-  every(2000, async () => {
+  every(2000, async (signal) => {
     let r;
-    try { r = await api("/v1/functions/" + enc); }
+    try { r = await api("/v1/functions/" + enc, { signal }); }
     catch (e) {
       if (!(e instanceof ApiError) || e.status !== 404) throw e;
       // Deleted: nothing of it is left to show or roll back to. The page
@@ -446,10 +493,10 @@ function functionPage(name, query) {
         .map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, String(v)))))));
     const of = f.version + " " + f.versions;
     if (of !== versionsOf || performance.now() - versionsAt > 30000) {
-      await showVersions();
+      await showVersions(signal);
       versionsOf = of; versionsAt = performance.now();
     }
-    const q = recent.add(parseMetrics(await (await api("/metrics")).text()), performance.now());
+    const q = recent.add(parseMetrics(await (await api("/metrics", { signal })).text()), performance.now());
     if (q) { points.push(q); if (points.length > 120) points.shift(); drawChart(chart, points, name, win); }
   });
   followLogs(enc, logs);
@@ -558,11 +605,14 @@ function pane(pre) {
 const stallMs = 45000;
 async function followLogs(enc, pre) {
   // round ends one request: the view's end, a hidden tab or a stall
-  // aborts it.
-  let live = true, wake = null, round = null;
-  const seen = () => { if (document.hidden) { if (round) round.abort(); } else if (wake) wake(); };
+  // aborts it. shown ends the wait of a hidden tab, and the tab shown
+  // again ends nothing else: the pause after a failure (the server's
+  // Retry-After, the back-off) is waited in full whether the tab was hidden
+  // meanwhile or not. The view's end ends both waits (halt).
+  let live = true, shown = null, halt = null, round = null;
+  const seen = () => { if (document.hidden) { if (round) round.abort(); } else if (shown) shown(); };
   document.addEventListener("visibilitychange", seen);
-  stop.push(() => { live = false; if (round) round.abort(); document.removeEventListener("visibilitychange", seen); if (wake) wake(); });
+  stop.push(() => { live = false; if (round) round.abort(); document.removeEventListener("visibilitychange", seen); if (shown) shown(); if (halt) halt(); });
   const show = pane(pre);
   // The last line's time, and how many lines at that time were shown: a
   // stream that starts again from that time sends them again.
@@ -570,13 +620,14 @@ async function followLogs(enc, pre) {
   const end = (why) => { if (why !== note) show([why]); note = why; }; // once while it keeps failing
   while (live) {
     if (document.hidden) {
-      await new Promise((res) => { wake = res; });
+      await new Promise((res) => { shown = res; });
+      shown = null;
       continue;
     }
     round = new AbortController();
     let quiet = null, stalled = false;
     try {
-      const r = await api("/v1/functions/" + enc + "/logs?follow=true&since=" + encodeURIComponent(since), { signal: round.signal });
+      const r = await api("/v1/functions/" + enc + "/logs?follow=true&since=" + encodeURIComponent(since), { signal: round.signal, stream: true });
       refusedSince = null;
       const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
       const thisRound = round;
@@ -620,7 +671,7 @@ async function followLogs(enc, pre) {
       if (e.retryAfter) pause = Math.max(pause, e.retryAfter);
     } finally { clearTimeout(quiet); }
     if (last) since = last;
-    await new Promise((res) => { wake = res; setTimeout(res, pause); });
+    await new Promise((res) => { halt = res; setTimeout(res, pause); });
     pause = Math.min(2 * pause, 30000);
   }
 }
@@ -666,8 +717,8 @@ async function invoke(name, f, result) {
 function pipelines() {
   const body = el("div", { id: "pipelines" });
   main.replaceChildren(el("h2", {}, "Pipelines"), body);
-  every(2000, async () => {
-    const { fns, samples, q } = await figures();
+  every(2000, async (signal) => {
+    const { fns, samples, q } = await figures(signal);
     const by = new Map(fns.map((f) => [f.name, f]));
     // Per step and function, as the pipeline runner counts them
     // (plover_pipeline_step_*): a parallel step's branches and a nested

@@ -1,17 +1,31 @@
 // Figures from the server's /metrics (Prometheus text), for the console
 // (app.js): pure functions of the text, no page or network.
 
+// parseMetrics reads each sample line as {name, labels, value}. The label
+// block ends at the first } outside a quoted value (a value may hold } or
+// an escaped quote), and the value is the field after it: what follows
+// (a timestamp, an OpenMetrics exemplar " # {trace_id=...} 0.05") is not
+// read, where a greedy block ran on to the exemplar's } and took its
+// value and labels for the sample's.
 export function parseMetrics(text) {
   const out = [];
   for (const line of text.split("\n")) {
     if (!line || line[0] === "#") continue;
-    const m = line.match(/^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)/);
+    const m = line.match(/^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{((?:[^"}]|"(?:[^"\\]|\\.)*")*)\})?\s+(\S+)/);
     if (!m) continue;
     const labels = {};
-    for (const l of (m[3] || "").matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]] = l[2].replace(/\\(.)/g, (_, c) => c === "n" ? "\n" : c);
-    out.push({ name: m[1], labels, value: parseFloat(m[4]) });
+    for (const l of (m[2] || "").matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]] = l[2].replace(/\\(.)/g, (_, c) => c === "n" ? "\n" : c);
+    out.push({ name: m[1], labels, value: sampleValue(m[3]) });
   }
   return out;
+}
+
+// sampleValue reads a sample's value (or a bucket's le): the format writes
+// infinities +Inf and -Inf, which parseFloat reads as NaN.
+export function sampleValue(v) {
+  if (v === "+Inf" || v === "Inf") return Infinity;
+  if (v === "-Inf") return -Infinity;
+  return parseFloat(v); // "NaN" too
 }
 
 // histBuckets reads a histogram's series grouped by key(labels) (null:
@@ -24,7 +38,7 @@ export function histBuckets(samples, metric, key) {
     if (s.name !== metric + "_bucket") continue;
     const k = key(s.labels);
     if (k === null) continue;
-    (groups[k] ||= []).push([s.labels.le === "+Inf" ? Infinity : parseFloat(s.labels.le), s.value]);
+    (groups[k] ||= []).push([sampleValue(s.labels.le), s.value]);
   }
   for (const b of Object.values(groups)) b.sort((x, y) => x[0] - y[0]);
   return groups;
