@@ -39,6 +39,7 @@ func TestServe(t *testing.T) {
 		{"GET", "/ui/index.html", 200, "text/html; charset=utf-8"},
 		{"GET", "/ui/app.js", 200, "text/javascript; charset=utf-8"},
 		{"GET", "/ui/metrics.js", 200, "text/javascript; charset=utf-8"}, // app.js imports it
+		{"GET", "/ui/output.js", 200, "text/javascript; charset=utf-8"},  // and this
 		{"HEAD", "/ui/style.css", 200, "text/css; charset=utf-8"},
 		{"GET", "/ui", 302, ""},
 		{"GET", "/ui/nothing.js", 404, ""},

@@ -1,9 +1,11 @@
-// The Plover console: two modules (this and metrics.js), no build step, no
-// other origin. Every string from the server (names, output lines, error
-// messages) reaches the page through text nodes (el below), never parsed
-// as markup: a function that prints HTML shows as text.
+// The Plover console: three modules (this, metrics.js and output.js), no
+// build step, no other origin. Every string from the server (names,
+// output lines, error messages) reaches the page through text nodes (el
+// below, pane in output.js), never parsed as markup: a function that
+// prints HTML shows as text.
 
 import { parseMetrics, histBuckets, bucketQuantiles, histQuantiles } from "./metrics.js";
+import { visible, logText, pane } from "./output.js";
 
 const main = document.getElementById("main");
 const statusLine = document.getElementById("status");
@@ -532,61 +534,6 @@ function drawChart(chart, points, name, win) {
   const label = svg("text", { x: "4", y: "10" });
   label.textContent = "max " + ms(max) + " · requests in the last " + win + ": " + (last.count || "none");
   chart.replaceChildren(...lines, label);
-}
-
-// The output pane keeps a function's last lines: twice what the server
-// keeps of it (funclog.RingLines), so that a function printing for hours
-// does not fill the tab's memory.
-const PANE_LINES = 2000;
-
-// visible escapes what a tenant's line could use to reorder or hide what
-// the operator reads, by plover logs' rule (cli/visible.go): controls but
-// tab, Unicode format characters (bidi embeddings, overrides, isolates and
-// marks, zero-width characters) and the line and paragraph separators.
-const HIDDEN = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}]/gu;
-function visible(s) {
-  return s.replace(HIDDEN, (c) => {
-    if (c === "\t") return c;
-    const r = c.codePointAt(0), hex = (w) => r.toString(16).padStart(w, "0");
-    return r < 0x100 ? "\\x" + hex(2) : r > 0xffff ? "\\U" + hex(8) : "\\u" + hex(4);
-  });
-}
-
-const pad = (n, w = 2) => String(n).padStart(w, "0");
-
-// logText is one line of output as plover logs shows it (cli/logs.go):
-// local time, stream[pid] | the line; a note before it of the lines this
-// page missed, and after it of the bytes the server cut.
-function logText(j) {
-  const t = new Date(j.time);
-  const when = isNaN(t) ? String(j.time) : `${t.getFullYear()}-${pad(t.getMonth() + 1)}-${pad(t.getDate())} ${pad(t.getHours())}:${pad(t.getMinutes())}:${pad(t.getSeconds())}.${pad(t.getMilliseconds(), 3)}`;
-  const out = [];
-  if (j.dropped > 0) out.push(`... ${j.dropped} lines not shown: this page read more slowly than the function printed`);
-  out.push(`${when} ${j.stream}[${j.pid}] | ${visible(String(j.line ?? ""))}` + (j.truncated > 0 ? ` [${j.truncated} more bytes cut]` : ""));
-  return out;
-}
-
-// pane appends lines to pre, one text node each, dropping the oldest past
-// PANE_LINES. A reader at the end (within a few pixels) stays at it, once
-// for all the lines; one scrolled up to read keeps the lines read in place
-// while older ones are dropped above them.
-function pane(pre) {
-  return (lines) => {
-    if (!lines.length) return;
-    const atEnd = pre.scrollHeight - pre.scrollTop - pre.clientHeight <= 8;
-    const frag = document.createDocumentFragment();
-    for (const l of lines.slice(-PANE_LINES)) frag.append(document.createTextNode(l + "\n"));
-    pre.append(frag);
-    const drop = pre.childNodes.length - PANE_LINES;
-    if (atEnd) {
-      for (let n = drop; n > 0; n--) pre.firstChild.remove();
-      pre.scrollTop = pre.scrollHeight;
-    } else if (drop > 0) {
-      const before = pre.scrollHeight;
-      for (let n = drop; n > 0; n--) pre.firstChild.remove();
-      pre.scrollTop -= before - pre.scrollHeight;
-    }
-  };
 }
 
 // followLogs streams the function's output (NDJSON) into pre as text.
