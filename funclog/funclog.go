@@ -9,7 +9,7 @@
 // rings together at TotalBytes, their slots counted (past it the largest
 // ring loses a quarter of its lines), a follower's backlog at followBuffer lines and
 // followBytes bytes (a follower that reads more slowly misses lines and is
-// told how many), and the server log at traceLines lines per function and
+// told how many, and still gets the last line it missed), and the server log at traceLines lines per function and
 // traceTotal in all per traceWindow (then one line saying how many were not
 // logged). Add never blocks: a function's printf never waits for a reader.
 package funclog
@@ -43,9 +43,11 @@ const (
 	// TotalBytes + MaxFollowersTotal*followBytes (128 MiB).
 	followBytes = 64 << 10
 	// followText is what followBytes leaves for the queued lines' text
-	// (43 KiB): lines up to 172 bytes still fill every slot, as under the
-	// line bound alone; of 4 KiB lines a follower queues 10.
-	followText = followBytes - followBuffer*followSlot
+	// once the slots and the line a full backlog keeps back (Missed: a
+	// slot's worth and a whole line's text) are taken out (39 KiB): lines
+	// up to 155 bytes still fill every slot, as under the line bound
+	// alone; of 4 KiB lines a follower queues 9.
+	followText = followBytes - (followBuffer+1)*followSlot - api.LogLineMax
 	followSlot = int(unsafe.Sizeof(api.LogLine{}) + unsafe.Sizeof(int32(0))) // a channel slot and its size's record
 	// Followers of one function and of all on a node: each line is
 	// handed to, encoded for and written to every follower, so that a
@@ -439,7 +441,8 @@ func (s *Store) forgetLocked(name string) {
 
 // Follower receives a function's lines as they are added. A line carries
 // in Dropped how many before it the follower missed for reading too slowly.
-// C is closed when the function is forgotten.
+// C is closed when the function is forgotten; whoever reads it asks
+// Missed whenever C is empty, and once C is closed.
 type Follower struct {
 	C    <-chan api.LogLine
 	ch   chan api.LogLine
@@ -447,9 +450,18 @@ type Follower struct {
 	name string
 	r    *ring
 	// under s.mu
-	dropped int64
-	closed  bool // its channel
-	done    bool // Close was called
+	// The newest line that found the backlog full (missed), and how many
+	// lines were missed before it (dropped): it goes out, with the count,
+	// as soon as there is room, so that a follower that fell behind is
+	// told what it missed, and gets the last of it, though the function
+	// then goes quiet, crashes or is deleted. Before, the count waited for
+	// the next line to find room, which after a burst's end never came,
+	// and the lines lost were the burst's last (a crash's traceback).
+	missed    api.LogLine
+	hasMissed bool // missed holds a line
+	dropped   int64
+	closed    bool // its channel
+	done      bool // Close was called
 	// The text sizes of the lines sent on ch and not yet known to be
 	// received, oldest first from sizeHead, and their sum. The reader
 	// takes lines without telling: len(ch) says how many are still
@@ -459,26 +471,72 @@ type Follower struct {
 	held            int
 }
 
-// offer hands l over without waiting (under s.mu), unless the follower's
-// backlog would pass followBuffer lines or followText bytes of text.
+// offer hands l over without waiting (under s.mu), after the line missed
+// before it, if any; a line the backlog has no room for (past
+// followBuffer lines or followText bytes of text) is kept back as missed,
+// and the one it replaces counted as dropped.
 func (f *Follower) offer(l api.LogLine) {
-	for f.sizeN > len(f.ch) { // received since the last offer
+	f.received()
+	if f.hasMissed {
+		if !f.room(len(f.missed.Line)) {
+			f.dropped++
+			f.missed = l
+			return
+		}
+		f.send(f.takeMissed())
+	}
+	if !f.room(len(l.Line)) {
+		f.missed, f.hasMissed = l, true
+		return
+	}
+	f.send(l)
+}
+
+// received forgets the sizes of the lines read since the last look
+// (under s.mu).
+func (f *Follower) received() {
+	for f.sizeN > len(f.ch) {
 		f.held -= int(f.sizes[f.sizeHead])
 		f.sizeHead = (f.sizeHead + 1) % followBuffer
 		f.sizeN--
 	}
-	if f.sizeN == followBuffer || f.held+len(l.Line) > followText {
-		f.dropped++
-		return
-	}
-	if f.dropped > 0 {
-		l.Dropped = f.dropped
-	}
+}
+
+// room reports whether a line of n bytes of text fits the backlog.
+func (f *Follower) room(n int) bool {
+	return f.sizeN < followBuffer && f.held+n <= followText
+}
+
+// takeMissed is the missed line, carrying the count missed before it, and
+// forgets both (under s.mu).
+func (f *Follower) takeMissed() api.LogLine {
+	l := f.missed
+	l.Dropped = f.dropped
+	f.missed, f.hasMissed, f.dropped = api.LogLine{}, false, 0
+	return l
+}
+
+// send queues l (under s.mu; room said yes).
+func (f *Follower) send(l api.LogLine) {
 	f.ch <- l // room: only offer sends, and len(ch) <= sizeN < followBuffer
-	f.dropped = 0
 	f.sizes[(f.sizeHead+f.sizeN)%followBuffer] = int32(len(l.Line))
 	f.sizeN++
 	f.held += len(l.Line)
+}
+
+// Missed is the newest line the follower missed for reading too slowly,
+// with in Dropped how many it missed before that one, if C is empty (it
+// follows every line queued there) and a line was missed since the last
+// that C or Missed gave. Its reader asks whenever it has emptied C, and
+// once C is closed: the next line offered would bring it, but after a
+// burst's end, a crash or a delete none may come.
+func (f *Follower) Missed() (api.LogLine, bool) {
+	f.s.mu.Lock()
+	defer f.s.mu.Unlock()
+	if !f.hasMissed || len(f.ch) > 0 {
+		return api.LogLine{}, false
+	}
+	return f.takeMissed(), true
 }
 
 // end closes the channel (under s.mu).

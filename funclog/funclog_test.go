@@ -100,8 +100,8 @@ func TestQuietFunctionKeepsItsLines(t *testing.T) {
 }
 
 // A follower gets the backlog and then every new line; one that does not
-// read misses lines and is told how many on the next it gets; Forget ends
-// it.
+// read misses lines, and is handed the last it missed, told how many it
+// missed before that one, once there is room; Forget ends it.
 func TestFollow(t *testing.T) {
 	s := New(nil)
 	t0 := time.Now()
@@ -119,8 +119,11 @@ func TestFollow(t *testing.T) {
 		}
 	}
 	s.Sink("f").Add(line(t0, 9999))
-	if l := <-f.C; l.Line != "line 9999" || l.Dropped != 10 {
-		t.Fatalf("after a full buffer: %+v, want line 9999 with 10 dropped", l)
+	if l := <-f.C; l.Line != fmt.Sprintf("line %d", followBuffer+10) || l.Dropped != 9 {
+		t.Fatalf("after a full buffer: %+v, want the last line missed with 9 dropped before it", l)
+	}
+	if l := <-f.C; l.Line != "line 9999" || l.Dropped != 0 {
+		t.Fatalf("after the missed line: %+v, want line 9999", l)
 	}
 	s.Forget("f")
 	if _, ok := <-f.C; ok {
@@ -137,6 +140,47 @@ func TestFollow(t *testing.T) {
 	s.Sink("g").Add(line(t0, 1))
 	if _, ok := <-f2.C; ok {
 		t.Fatal("a closed follower got a line")
+	}
+}
+
+// A follower that fell behind in a burst after which the function goes
+// quiet, or is deleted, is still told how many lines it missed, and gets
+// the burst's last line (a crash's traceback ends there): Missed hands it
+// over once C is emptied, after every line queued before it. Before, the
+// count waited for a next line that never came: 300 lines to a follower
+// not reading gave it 256 lines and no word of the 44 others.
+func TestFollowerMissesNothingUntoldAfterABurst(t *testing.T) {
+	for _, deleted := range []bool{false, true} {
+		s := New(nil)
+		_, f, err := s.Follow("f", time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		const printed = 300
+		for i := 1; i <= printed; i++ {
+			s.Sink("f").Add(line(t0, i))
+		}
+		if deleted {
+			s.Forget("f")
+		}
+		if _, ok := f.Missed(); ok {
+			t.Fatal("Missed gave a line while C still held older ones")
+		}
+		got := 0
+		for len(f.C) > 0 {
+			<-f.C
+			got++
+		}
+		m, ok := f.Missed()
+		if !ok || m.Line != fmt.Sprintf("line %d", printed) || int(m.Dropped) != printed-got-1 {
+			t.Fatalf("deleted %v: after %d lines read of %d printed, Missed gave %+v %v; want line %d with %d dropped before it",
+				deleted, got, printed, m, ok, printed, printed-got-1)
+		}
+		if _, ok := f.Missed(); ok {
+			t.Fatal("Missed gave the same line twice")
+		}
+		f.Close()
 	}
 }
 
@@ -185,7 +229,8 @@ func TestFollowersBacklogIsBoundedInBytes(t *testing.T) {
 	first, firstKept := fs[0], 0
 	for i, f := range fs {
 		lines, text := drain(f)
-		if held := followBuffer*followSlot + text; held > followBytes {
+		// With the line kept back as missed: a slot's worth and its text.
+		if held := (followBuffer+1)*followSlot + text + len(f.missed.Line); held > followBytes {
 			t.Fatalf("follower %d held %d lines, %d bytes with its slots, over %d", i, lines, held, followBytes)
 		}
 		if lines == 0 {
@@ -197,19 +242,17 @@ func TestFollowersBacklogIsBoundedInBytes(t *testing.T) {
 	}
 
 	// The first follower, reading now, is told what it missed: all but
-	// what it held of the lines printed since it began.
+	// what it held of the lines printed since it began, and the last of
+	// those, kept back for it.
+	got, ok := first.Missed()
+	if !ok {
+		t.Fatal("the slow follower, having read all it held, was handed no missed line")
+	}
+	if want := int64(printed[first] - firstKept - 1); got.Dropped != want {
+		t.Fatalf("the slow follower was told it missed %d lines before the last, want %d", got.Dropped, want)
+	}
 	l := line(t0, 0)
 	l.Line = long
-	s.Sink("f0").Add(l)
-	var got api.LogLine
-	select { // Add hands lines over before it returns
-	case got = <-first.C:
-	default:
-		t.Fatal("the slow follower, having read all it held, was handed no new line")
-	}
-	if want := int64(printed[first] - firstKept); got.Dropped != want {
-		t.Fatalf("the slow follower was told it missed %d lines, want %d", got.Dropped, want)
-	}
 	for range followBuffer {
 		s.Sink("f0").Add(l)
 	}

@@ -201,6 +201,15 @@ func (s *Server) follow(w *bufio.Writer, conn net.Conn, lines []api.LogLine, f *
 				}
 				l, ok = <-f.C // what else is queued goes in the same flush
 			}
+			// With f.C emptied (or closed), the last line this client
+			// missed, if it fell behind, and how many before it: no later
+			// line need come to bring them (a burst's end, a crash, a
+			// delete). A line is missed only while f.C holds lines, which
+			// the loop then reads to here: asking each time f.C empties
+			// is enough, no tick need ask.
+			if m, missed := f.Missed(); missed && enc.Encode(&m) != nil {
+				return
+			}
 			if w.Flush() != nil || !ok {
 				return
 			}
