@@ -38,20 +38,21 @@ type Gate struct {
 
 	mu      sync.Mutex
 	by      map[string]*state // by token name: a reload keeps what a token used
+	streams map[string]int    // followed log streams open, by holder (Follow); none at 0
 	limited *prometheus.CounterVec
 }
 
 // New returns a Gate over tokens (nil: no authentication), registering its
 // counters on reg.
 func New(tokens Tokens, reg prometheus.Registerer) *Gate {
-	g := &Gate{tokens: tokens, by: map[string]*state{}}
+	g := &Gate{tokens: tokens, by: map[string]*state{}, streams: map[string]int{}}
 	g.failures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "plover_auth_failures_total",
 		Help: "Requests refused for authentication (missing_token, unknown_token) or authorization (forbidden).",
 	}, []string{"reason"})
 	g.limited = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "plover_token_limited_total",
-		Help: "Requests refused with 429 because their token was over its auth-file rate or concurrency, or held as many followed log streams as its concurrency (limit streams).",
+		Help: "Requests refused with 429 because their token was over its auth-file rate or concurrency, or held as many followed log streams as it may, its concurrency or 32 (limit streams).",
 	}, []string{"token", "limit"})
 	if reg != nil {
 		reg.MustRegister(g.failures, g.limited)
@@ -81,51 +82,80 @@ func (r *Refusal) Error() string { return r.Msg }
 // A ticket Follow returned holds a followed stream's place instead.
 type Ticket struct {
 	st     *state
-	stream bool
+	name   string // a request's: its token's name ("" without tokens), Follow's holder
+	g      *Gate  // a stream's: whose streams count it
+	stream string // a stream's: its holder, the key of g.streams
 }
 
 // Done ends the request (or stream) the ticket admitted; a zero Ticket
 // does nothing.
 func (t Ticket) Done() {
-	if t.st != nil {
-		t.st.mu.Lock()
-		if t.stream {
-			t.st.streams--
-		} else {
-			t.st.inflight--
+	switch {
+	case t.g != nil:
+		t.g.mu.Lock()
+		if t.g.streams[t.stream]--; t.g.streams[t.stream] <= 0 {
+			delete(t.g.streams, t.stream) // bounded by the streams open, not by the clients ever seen
 		}
+		t.g.mu.Unlock()
+	case t.st != nil:
+		t.st.mu.Lock()
+		t.st.inflight--
 		t.st.mu.Unlock()
 	}
 }
 
-// Follow takes a place among its token's followed log streams for a
-// stream whose request t admitted, to hold until the stream ends (Done).
-// Streams are counted apart from requests in flight, up to the same
-// number (the token's concurrency): a stream open for an hour is no
-// request in flight, and a token of concurrency 1 following a function's
-// output (the console does, while it polls) may still call; but it may
-// hold no more streams than that, or one read token could take all of a
-// function's followers. t's own place is given back as its handler
-// returns, as any request's. A token without a concurrency limit (t holds
-// no place) follows unbounded here: funclog's bounds per function and
-// node hold. Over the bound it is a 429, counted as limit "streams".
-func (g *Gate) Follow(t Ticket) (Ticket, *Refusal) {
-	st := t.st
-	if st == nil || t.stream {
-		return Ticket{}, nil
+// MaxStreams is how many followed log streams one token may hold open
+// (without tokens, one client: netguard.ClientKey), whatever its
+// concurrency. Without it only funclog's bounds held, 32 followers per
+// function and 1,024 per node, and one read token of functions "*" could
+// take 32 on each of 32 functions: every other tenant's follow was then
+// refused.
+const MaxStreams = 32
+
+// Follow takes a place among the followed log streams of its holder, the
+// token whose request t admitted (without tokens, the client at addr), for
+// that request's stream, to hold until the stream ends (Done).
+// A holder has MaxStreams places, or its token's concurrency if less.
+// Streams are counted apart from requests in flight: a stream open for an
+// hour is no request in flight, and a token of concurrency 1 following a
+// function's output (the console does, while it polls) may still call;
+// but it may hold no more streams than that, or one read token could take
+// all of a function's followers. t's own place is given back as its
+// handler returns, as any request's. Over the bound it is a 429, counted
+// as limit "streams" for a token (not for a client: addresses are too
+// many for a metric's labels).
+func (g *Gate) Follow(t Ticket, addr net.Addr) (Ticket, *Refusal) {
+	if t.g != nil {
+		return Ticket{}, nil // a stream's own ticket holds its place already
 	}
-	st.mu.Lock()
-	full, limit := st.streams >= st.limit, st.limit
+	// The name Admit found, not a second lookup: that hashes the token
+	// again, and a reload since could have it find another answer.
+	holder, who, token := netguard.ClientKey(addr), "client ", false
+	if g.tokens != nil {
+		holder, who, token = t.name, "token ", true
+	}
+	limit, bound := MaxStreams, fmt.Sprintf("the most one %smay", who)
+	if st := t.st; st != nil {
+		st.mu.Lock()
+		if st.limit < limit {
+			limit, bound = st.limit, "as many as its concurrency (auth file)"
+		}
+		st.mu.Unlock()
+	}
+	g.mu.Lock()
+	full := g.streams[holder] >= limit
 	if !full {
-		st.streams++
+		g.streams[holder]++
 	}
-	st.mu.Unlock()
+	g.mu.Unlock()
 	if !full {
-		return Ticket{st: st, stream: true}, nil
+		return Ticket{g: g, stream: holder}, nil
 	}
-	g.limited.WithLabelValues(st.name, "streams").Inc()
+	if token {
+		g.limited.WithLabelValues(holder, "streams").Inc()
+	}
 	return Ticket{}, &Refusal{Status: apierr.RateLimited, Reason: "streams", Retry: time.Second,
-		Msg: fmt.Sprintf("token %s has %d followed log streams open, as many as its concurrency (auth file): retry when one ends", st.name, limit)}
+		Msg: fmt.Sprintf("%s%s has %d followed log streams open, %s: retry when one ends", who, holder, limit, bound)}
 }
 
 // Admit checks the value of an Authorization header (or gRPC's
@@ -205,11 +235,11 @@ func (g *Gate) check(authorization []byte, scope auth.Scope, fn string, limits i
 		}
 	}
 	if !p.Limits.Any() {
-		return Ticket{}, nil
+		return Ticket{name: p.Name}, nil
 	}
 	st, over, retry := g.admit(p, time.Now, limits)
 	if over == "" {
-		return Ticket{st: st}, nil
+		return Ticket{st: st, name: p.Name}, nil
 	}
 	g.limited.WithLabelValues(p.Name, over).Inc()
 	secs := max(1, int(math.Ceil(retry.Seconds())))
@@ -348,16 +378,15 @@ func (g *Gate) InvokeCheck(ctx context.Context, authorization []byte) context.Co
 	})
 }
 
-// state is one token's use of its limits: its bucket (golang.org/x/time/rate),
-// its requests in flight and its followed log streams (Follow).
+// state is one token's use of its limits: its bucket
+// (golang.org/x/time/rate) and its requests in flight.
 type state struct {
 	name     string
 	mu       sync.Mutex
 	bucket   *rate.Limiter // nil until the token first has a rate
 	last     time.Time     // the latest time the bucket was given
 	inflight int
-	streams  int
-	limit    int // the concurrency the token's last admission counted against: Follow's bound
+	limit    int // the concurrency the token's last admission counted against: Follow's bound if less than MaxStreams
 }
 
 func (g *Gate) state(name string) *state {

@@ -58,43 +58,117 @@ func TestTokenLimitsAdmit(t *testing.T) {
 // A followed stream's place (Follow) is counted apart from the token's
 // requests in flight, up to its concurrency: the request that opened it
 // gives its own place back and the token calls on; a second stream is
-// refused (limit streams) until the first is done. A token without a
-// concurrency limit holds no place to count streams by.
+// refused (limit streams) until the first is done.
 func TestFollow(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	g := New(nil, reg)
-	c := &auth.Principal{Name: "c", Limits: auth.Limits{Concurrency: 1}}
-	clock := at(time.Unix(1000, 0))
-	st, _, _ := g.admit(c, clock, limitConcurrency)
-	req := Ticket{st: st}
-	stream, r := g.Follow(req)
+	g := New(table{"c-secret": {Name: "c", Scopes: auth.Read, Limits: auth.Limits{Concurrency: 1}}}, reg)
+	bearer := []byte("Bearer c-secret")
+	admit := func() Ticket {
+		t.Helper()
+		tk, r := g.Admit(bearer, auth.Read, "f")
+		if r != nil {
+			t.Fatalf("a call: %v", r)
+		}
+		return tk
+	}
+	req := admit()
+	stream, r := g.Follow(req, nil)
 	if r != nil {
 		t.Fatalf("the first stream: %v", r)
 	}
 	req.Done() // its handler returns
-	st2, over, _ := g.admit(c, clock, limitConcurrency)
-	if over != "" {
-		t.Fatalf("a call with a stream open: over %q, want admitted", over)
-	}
-	if _, r := g.Follow(Ticket{st: st2}); r == nil || r.Reason != "streams" || r.Status != apierr.RateLimited || !strings.Contains(r.Msg, "1 followed log streams open") {
+	req2 := admit()
+	if _, r := g.Follow(req2, nil); r == nil || r.Reason != "streams" || r.Status != apierr.RateLimited || !strings.Contains(r.Msg, "1 followed log streams open") {
 		t.Fatalf("a second stream: %+v, want 429 naming the streams", r)
 	}
 	if n := testutil.ToFloat64(g.limited.WithLabelValues("c", "streams")); n != 1 {
 		t.Errorf("plover_token_limited_total{limit=streams}: %v, want 1", n)
 	}
-	Ticket{st: st2}.Done()
+	req2.Done()
 	stream.Done() // its stream's place, not a request's (checked below)
-	st3, _, _ := g.admit(c, clock, limitConcurrency)
-	if again, r := g.Follow(Ticket{st: st3}); r != nil {
+	req3 := admit()
+	if again, r := g.Follow(req3, nil); r != nil {
 		t.Fatalf("a stream after the first ended: %v", r)
 	} else {
 		again.Done()
 	}
-	if st3.inflight != 1 || st3.streams != 0 {
-		t.Errorf("in flight %d, streams %d; want 1 and 0", st3.inflight, st3.streams)
+	if req3.st.inflight != 1 || len(g.streams) != 0 {
+		t.Errorf("in flight %d, streams %v; want 1 and none", req3.st.inflight, g.streams)
 	}
-	if tk, r := g.Follow(Ticket{}); r != nil || tk != (Ticket{}) {
-		t.Errorf("a token without a concurrency limit: %+v %v, want nothing held", tk, r)
+	req3.Done()
+}
+
+// Every holder of followed streams has MaxStreams places, with or without
+// a concurrency limit: a token of none (its ticket holds no place), or
+// each client of a server without tokens. Before, only a token's
+// concurrency bounded them, and one read token of functions "*" could
+// hold 32 on each of 32 functions, the 1,024 a node serves: every other
+// tenant's follow was refused. The refusal names the token, never the
+// token itself, or the client; another holder still follows, and the
+// places go back as streams end.
+func TestFollowBoundsEveryHolder(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		tokens        Tokens
+		auth, other   string
+		addr, another net.Addr
+		says          string
+	}{
+		{"a token without limits", table{"s3cr3t-wide": {Name: "wide", Scopes: auth.Read}, "s3cr3t-other": {Name: "other", Scopes: auth.Read}},
+			"Bearer s3cr3t-wide", "Bearer s3cr3t-other", nil, nil, "token wide has 32 followed log streams open"},
+		{"a client without tokens", nil, "", "",
+			&net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5000}, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 2), Port: 5000},
+			"client 10.0.0.1 has 32 followed log streams open"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := New(tc.tokens, prometheus.NewRegistry())
+			conns := 0
+			follow := func(authorization string, addr net.Addr) (Ticket, *Refusal) {
+				// The port differs each time, as each connection's does.
+				if a, ok := addr.(*net.TCPAddr); ok {
+					conns++
+					addr = &net.TCPAddr{IP: a.IP, Port: a.Port + conns}
+				}
+				req, r := g.Admit([]byte(authorization), auth.Read, "f")
+				if r != nil {
+					t.Fatalf("a call: %v", r)
+				}
+				defer req.Done()
+				return g.Follow(req, addr)
+			}
+			var held []Ticket
+			for i := range MaxStreams {
+				tk, r := follow(tc.auth, tc.addr)
+				if r != nil {
+					t.Fatalf("stream %d of %d: %v", i+1, MaxStreams, r)
+				}
+				held = append(held, tk)
+			}
+			_, r := follow(tc.auth, tc.addr)
+			if r == nil || r.Reason != "streams" || r.Status != apierr.RateLimited || !strings.Contains(r.Msg, tc.says) {
+				t.Fatalf("stream %d: %+v, want 429 saying %q", MaxStreams+1, r, tc.says)
+			}
+			if strings.Contains(r.Msg, "s3cr3t") {
+				t.Fatalf("the refusal quotes the token: %q", r.Msg)
+			}
+			if other, r := follow(tc.other, tc.another); r != nil {
+				t.Fatalf("another holder was refused: %v", r)
+			} else {
+				other.Done()
+			}
+			held[0].Done()
+			if again, r := follow(tc.auth, tc.addr); r != nil {
+				t.Fatalf("a stream after one ended: %v", r)
+			} else {
+				held[0] = again
+			}
+			for _, tk := range held {
+				tk.Done()
+			}
+			if len(g.streams) != 0 {
+				t.Errorf("with every stream ended the gate still counts %v", g.streams)
+			}
+		})
 	}
 }
 

@@ -42,7 +42,8 @@ var (
 // stays open and carries each new line as it comes, until the client goes,
 // the function is deleted, the server shuts down or the request's token no
 // longer reads the function (an auth-file reload). The stream holds a
-// place among its token's followed streams (gate.Follow) until it ends:
+// place among its token's (without tokens, its client's) followed streams
+// (gate.Follow) until it ends:
 // the request's own place in its token's concurrency (tk) is given back as
 // the handler returns, before the stream is written.
 func (s *Server) logs(ctx *fasthttp.RequestCtx, name string, tk *gate.Ticket) {
@@ -75,7 +76,7 @@ func (s *Server) logs(ctx *fasthttp.RequestCtx, name string, tk *gate.Ticket) {
 	var held gate.Ticket
 	if follow {
 		var r *gate.Refusal
-		if held, r = s.gate.Follow(*tk); r != nil {
+		if held, r = s.gate.Follow(*tk, ctx.RemoteAddr()); r != nil {
 			s.refuse(ctx, r)
 			return
 		}
