@@ -31,7 +31,7 @@ func logsCmd() *command {
 			"  plover logs saxpy --since 5m --follow   # the last 5 minutes, then each new line as it comes (^C stops)",
 		flags: func(fs *flag.FlagSet) {
 			ep.serverFlag(fs)
-			fs.BoolVar(&follow, "follow", false, "keep printing new lines as the function writes them, until interrupted or the server ends the stream; exit 1 when the answer has not started within "+followStart.String()+", or when the stream, once it sent a keep-alive (an empty line, after "+followKeepAlive.String()+" without a line; older servers send none and are not timed), then sends nothing for "+followIdle.String())
+			fs.BoolVar(&follow, "follow", false, "keep printing new lines as the function writes them, until interrupted or the server ends the stream; exit 1 when the answer has not started within "+followStart.String()+", or when the stream of a server that sends keep-alives (an empty line after "+followKeepAlive.String()+" without a line, said by its X-Plover-Keep-Alive header or seen; older servers send none and are not timed) sends nothing for "+followIdle.String())
 			fs.DurationVar(&since, "since", 0, "only lines from this long ago on (default: all the server keeps, the last 1000 lines or 256 KiB)")
 			fs.BoolVar(&asJSON, "json", false, "print the server's lines as they come: one JSON object a line (time, stream, pid, line)")
 		},
@@ -60,12 +60,14 @@ func logsCmd() *command {
 				// the keep-alives a live stream carries. Without one, a
 				// server gone without a trace held --follow forever.
 				var started atomic.Bool
+				var silence atomic.Int64 // the silence that ends it
+				silence.Store(int64(followIdle))
 				t := time.AfterFunc(followStart, func() {
 					if !started.Load() {
 						cancel(fmt.Errorf("no answer to the log request within %v: gave up waiting", followStart))
 						return
 					}
-					cancel(fmt.Errorf("the log stream from %s sent nothing for %v, though a live one sends a keep-alive line every %v: the server or the connection is gone", c.base, followIdle, followKeepAlive))
+					cancel(fmt.Errorf("the log stream from %s sent nothing for %v, though a live one sends a keep-alive line every %v: the server or the connection is gone", c.base, time.Duration(silence.Load()), followKeepAlive))
 				})
 				defer t.Stop()
 				resp, err := c.bounded(followStart).doRequest(ctx, http.MethodGet, path, "", nil, -1, nil)
@@ -74,8 +76,20 @@ func logsCmd() *command {
 				}
 				defer resp.Body.Close()
 				started.Store(true)
-				t.Stop() // readWatch arms it from the first keep-alive on
-				body = &readWatch{r: resp.Body, idle: followIdle, t: t, prev: '\n'}
+				t.Stop() // readWatch arms it while a Read waits
+				// A server that says it sends keep-alives is timed from
+				// the start: a chatty function's stream carries none (the
+				// server sends one only after a quiet followKeepAlive), and
+				// a server gone then without a FIN held --follow forever.
+				// One that does not say so is timed from its first
+				// keep-alive on (those before the header), or not at all.
+				idle := followIdle
+				every, err := time.ParseDuration(resp.Header.Get("X-Plover-Keep-Alive"))
+				if err == nil && every > 0 {
+					idle = max(idle, 3*every)
+					silence.Store(int64(idle))
+				}
+				body = &readWatch{r: resp.Body, idle: idle, t: t, on: err == nil && every > 0, prev: '\n'}
 			} else {
 				resp, err := c.do(http.MethodGet, path, "", nil)
 				if err != nil {

@@ -104,6 +104,15 @@ func TestLogsFollowSilenceIsTheServers(t *testing.T) {
 				}
 				send("\n")
 			}
+		case "chatty": // says it sends keep-alives; lines, then nothing until the client goes
+			w.Header().Set("X-Plover-Keep-Alive", (followIdle / 3).String())
+			for range 6 {
+				send(line)
+				if !wait(followIdle / 6) {
+					return
+				}
+			}
+			<-r.Context().Done()
 		case "old": // a line, then quiet past followIdle (no keep-alives), the end
 			send(line)
 			wait(2 * followIdle)
@@ -121,6 +130,10 @@ func TestLogsFollowSilenceIsTheServers(t *testing.T) {
 		{"keep-alives", "alive", 0, 0, "the server ended the stream"},
 		{"a slow reader", "alive", 2 * followIdle, 0, "the server ended the stream"},
 		{"a server without keep-alives", "old", 0, 0, "the server ended the stream"},
+		// Lines more often than keep-alives come carry none: a server that
+		// says it sends them is timed from the start (one gone without a
+		// FIN after its lines held --follow forever).
+		{"chatty, then gone", "chatty", 0, 1, "sent nothing for 300ms"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -99,8 +99,11 @@ func (s *Server) logs(ctx *fasthttp.RequestCtx, name string, tk *gate.Ticket) {
 		return
 	}
 	// The status and headers go at once: a client following a quiet
-	// function learns that it follows.
+	// function learns that it follows, and that this server sends
+	// keep-alives, so that it may time the stream's silence from the
+	// start (a chatty function's stream carries none).
 	ctx.Response.ImmediateHeaderFlush = true
+	ctx.Response.Header.Set("X-Plover-Keep-Alive", followKeepAlive.String())
 	conn := ctx.Conn()
 	allowed := s.stillAllowed(ctx, name)
 	route := "GET " + string(ctx.Path()) // the stream outlives ctx

@@ -156,6 +156,11 @@ func TestLogsFollowQuiet(t *testing.T) {
 			sc.Buffer(make([]byte, 64<<10), 64<<10)
 			<-adm.followers
 			if tc.wantKeepAlive {
+				// Said at the start, so that a client times the silence
+				// of a stream whose lines leave no room for keep-alives.
+				if got := resp.Header.Get("X-Plover-Keep-Alive"); got != tc.keepAlive.String() {
+					t.Fatalf("X-Plover-Keep-Alive %q, want %q", got, tc.keepAlive)
+				}
 				if !sc.Scan() || len(sc.Bytes()) != 0 {
 					t.Fatalf("a quiet stream: %q (%v), want an empty keep-alive line", sc.Text(), sc.Err())
 				}
