@@ -368,8 +368,12 @@ func invoke(c *client, name string, input []byte, out string, o invokeOptions, e
 	// ^C or SIGTERM ends the request, so that the deferred abort runs:
 	// ended by the signal's default action, invoke left --out's
 	// temporary file behind.
-	sig, stopSig := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	sig, stopSig := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stopSig()
+	// Caught once: a second signal has its default action, so that an
+	// invoke stuck writing its output (a FIFO whose reader stopped, a
+	// stalled terminal), which the context cannot end, still ends.
+	context.AfterFunc(sig, stopSig)
 	// The wait is the context's alone: the client's requestTimeout would
 	// end a --timeout longer than it (a server with a raised --max-timeout).
 	wait := invokeWait(o.timeout)

@@ -2,17 +2,21 @@ package cli
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
@@ -386,5 +390,75 @@ func TestInvokeInterruptedLeavesNoTemporaryFile(t *testing.T) {
 				t.Errorf("%s holds %v; want in and out alone", dir, ents)
 			}
 		})
+	}
+}
+
+// invoke catches ^C and SIGTERM once: an invoke stuck writing its output
+// (a FIFO whose reader stopped), which its context cannot end, caught them
+// all and could be ended by SIGKILL alone (a review's LOW). The second
+// signal has its default action. In a child process of its own: that
+// action ends the process.
+func TestInvokeStuckWritingEndsAtASecondSignal(t *testing.T) {
+	if os.Getenv("PLOVER_TEST_STUCK_INVOKE") != "" {
+		args := strings.Split(os.Getenv("PLOVER_TEST_STUCK_INVOKE"), "\n")
+		os.Exit(Main(args, &Env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: os.Stderr}))
+	}
+	var srv *rawServer
+	srv = newRawServer(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 4194304\r\n\r\n")
+		c.Write(make([]byte, 4<<20))
+		<-srv.release
+	})
+	dir := t.TempDir()
+	in, fifo := filepath.Join(dir, "in"), filepath.Join(dir, "fifo")
+	os.WriteFile(in, []byte("input"), 0o644)
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0) // a reader that never reads
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestInvokeStuckWritingEndsAtASecondSignal$")
+	cmd.Env = append(os.Environ(), "PLOVER_TEST_STUCK_INVOKE="+strings.Join([]string{"invoke", "f", "--server", srv.url(), "--in", in, "--out", fifo, "--timeout", "60s"}, "\n"))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	// Stuck once the FIFO's buffer is full (the answer is far larger):
+	// what it holds has stopped growing.
+	for last, same, end := -1, 0, time.Now().Add(10*time.Second); same < 5; time.Sleep(20 * time.Millisecond) {
+		n, err := unix.IoctlGetInt(int(rd.Fd()), unix.TIOCINQ)
+		if err == nil && n > 0 && n == last {
+			same++
+		} else {
+			same = 0
+		}
+		last = n
+		if time.Now().After(end) {
+			cmd.Process.Kill()
+			<-done
+			t.Fatalf("the invoke did not fill the FIFO within 10 s: %s", stderr.Bytes())
+		}
+	}
+	for i := 0; ; i++ {
+		cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case err := <-done:
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGINT || i != 1 {
+				t.Fatalf("after %d SIGINTs the invoke ended with %v; want it ended by the second", i+1, err)
+			}
+			return
+		case <-time.After(2 * time.Second):
+			if i == 1 {
+				cmd.Process.Kill()
+				t.Fatal("an invoke stuck writing its output outlived two SIGINTs")
+			}
+		}
 	}
 }
