@@ -31,6 +31,8 @@ import (
 	"math/bits"
 	"os"
 	"path"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -487,30 +489,24 @@ func parse(r io.Reader, source string) (*Table, error) {
 	return t, nil
 }
 
-// hashesIn is every token hash a file names outside its comments, on any
-// line and in any field, its lines well-formed or not: what a reload that
-// failed keeps of the tokens loaded before (Reload).
-func hashesIn(b []byte) map[[sha256.Size]byte]bool {
-	in := map[[sha256.Size]byte]bool{}
-	for _, line := range bytes.Split(b, []byte{'\n'}) {
-		for _, f := range splitLine(string(line)) {
-			f = strings.ToLower(f)
-			var sum [sha256.Size]byte
-			if checkHash(f) == nil {
-				hex.Decode(sum[:], []byte(f))
-				in[sum] = true
-			}
+// unchanged is t less the tokens a file (which did not parse as a
+// whole) does not give exactly as t has them, each of its lines parsed
+// alone, and how many it left out: what a reload that failed keeps
+// (Reload). A token whose line was deleted, commented out, narrowed or
+// broken is dropped, so that no edit a reload refused leaves a token more
+// than the operator wrote for it.
+func (t *Table) unchanged(b []byte, source string) (*Table, int) {
+	lines := map[[sha256.Size]byte][]Principal{}
+	for line := range bytes.SplitSeq(b, []byte{'\n'}) {
+		one, err := parse(bytes.NewReader(line), source)
+		if err == nil && len(one.entries) == 1 {
+			e := one.entries[0]
+			lines[e.sum] = append(lines[e.sum], e.p)
 		}
 	}
-	return in
-}
-
-// only is t less the tokens whose hashes are not in keep, and how many
-// it left out.
-func (t *Table) only(keep map[[sha256.Size]byte]bool) (*Table, int) {
 	k := &Table{}
 	for _, e := range t.entries {
-		if keep[e.sum] {
+		if slices.ContainsFunc(lines[e.sum], func(p Principal) bool { return reflect.DeepEqual(p, e.p) }) {
 			k.entries = append(k.entries, e)
 		}
 	}
@@ -593,12 +589,13 @@ var waitUnfinished = func() { time.Sleep(unfinished) }
 
 // Reload re-reads the file. If it cannot be read, is empty or was being
 // written, the store keeps the table it had and Reload returns the error.
-// If it does not parse, the store keeps, as they were, only the tokens
-// loaded before whose hashes the file still names outside its comments,
+// If it does not parse, the store keeps only the tokens loaded before
+// whose lines the file still has as they were (each line parsed alone),
 // and Reload returns the error saying how many it dropped: a revocation
-// (a line deleted or commented out) holds even when another line of the
-// same edit is wrong. A file of comments alone is taken: no token is
-// valid until the next reload (the way to lock a server down). A file
+// (a line deleted, commented out or narrowed) holds even when another
+// line of the same edit is wrong. A file of comments alone, the same a
+// moment later, is taken: no token is valid until the next reload (the
+// way to lock a server down). A file
 // whose last line has no newline may be a writer still at work (a line
 // cut after its hash would give its token every function and no limits),
 // or an editor that ends files without one: it is read again a moment
@@ -610,7 +607,8 @@ func (s *Store) Reload() error {
 	if err != nil {
 		return err
 	}
-	if len(b) > 0 && b[len(b)-1] != '\n' {
+	unfinishedChecked := len(b) > 0 && b[len(b)-1] != '\n'
+	if unfinishedChecked {
 		waitUnfinished()
 		again, err := os.ReadFile(s.path)
 		if err != nil {
@@ -627,12 +625,21 @@ func (s *Store) Reload() error {
 	}
 	t, err := parse(bytes.NewReader(b), s.path)
 	if err != nil {
-		kept, dropped := s.table.Load().only(hashesIn(b))
+		kept, dropped := s.table.Load().unchanged(b, s.path)
 		if dropped == 0 {
 			return fmt.Errorf("%w: the tokens loaded before are kept", err)
 		}
 		s.table.Store(kept)
-		return fmt.Errorf("%w: of the tokens loaded before, %d the file no longer names were dropped, %d kept as they were", err, dropped, kept.Len())
+		return fmt.Errorf("%w: of the tokens loaded before, %d whose lines the file no longer has as they were were dropped, %d kept", err, dropped, kept.Len())
+	}
+	if t.Len() == 0 && !unfinishedChecked {
+		// A lockdown, or a writer caught after its first comments (a
+		// whole line, so not seen above): taken only if the file is the
+		// same a moment later.
+		waitUnfinished()
+		if again, err := os.ReadFile(s.path); err != nil || !bytes.Equal(b, again) {
+			return fmt.Errorf("%s: it names no token, and it changed %v later (being written?): the tokens loaded before are kept", s.path, unfinished)
+		}
 	}
 	s.table.Store(t)
 	return nil
