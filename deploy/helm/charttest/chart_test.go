@@ -1012,6 +1012,11 @@ func TestRefusals(t *testing.T) {
 		{"--cache-limit D past a tmpfs", required().set("data.medium", "Memory").set("resources.limits.memory", "32Gi").set("server.extraArgs", []any{"--cache-limit", "100000"}), "server.extraArgs --cache-limit: set server.cacheLimitMiB instead"},
 		{"--max-body in extraArgs", required().set("server.extraArgs", []any{"--max-body=1024"}), "server.extraArgs --max-body=1024: set server.maxBodyMiB instead"},
 		{"-max-body D in extraArgs", required().set("server.extraArgs", []any{"-max-body", "1024"}), "server.extraArgs -max-body: set server.maxBodyMiB instead"},
+		// plover serve reads a flag not on its command line from
+		// PLOVER_<FLAG>: the same flags through env.
+		{"PLOVER_TLS_CERT in env", required().set("env", []any{map[string]any{"name": "PLOVER_TLS_CERT", "value": "/c.pem"}}), "env PLOVER_TLS_CERT: set tls.enabled and tls.secretName instead"},
+		{"PLOVER_METRICS_LISTEN in env", required().set("env", []any{map[string]any{"name": "PLOVER_METRICS_LISTEN", "value": ":1"}}), "env PLOVER_METRICS_LISTEN: set metrics.enabled and metrics.port instead"},
+		{"PLOVER_GRPC_LISTEN from a Secret", required().set("env", []any{map[string]any{"name": "PLOVER_GRPC_LISTEN", "valueFrom": map[string]any{"secretKeyRef": map[string]any{"name": "s", "key": "k"}}}}), "env PLOVER_GRPC_LISTEN: set grpc.enabled and grpc.port instead"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

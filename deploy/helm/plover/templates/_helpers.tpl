@@ -222,6 +222,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 {{- end }}
+{{- /* plover serve reads each flag from PLOVER_<FLAG> too, where the command
+       line does not give it: an env entry for a flag the chart passes only
+       sometimes (--tls-cert without tls.enabled) would do what the list
+       above refuses, and one for a flag it always passes would be ignored. */}}
+{{- range (.Values.env | default list) }}
+{{- $name := toString .name }}
+{{- range $flag := keys $owned | sortAlpha }}
+{{- if eq $name (printf "PLOVER_%s" (upper (replace "-" "_" $flag))) }}
+{{- fail (printf "env %s: set %s" $name (get $owned $flag)) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- with include "plover.explicitTimeout" . }}
 {{- $src := index (splitList "\t" .) 0 }}
 {{- $val := index (splitList "\t" .) 1 }}
