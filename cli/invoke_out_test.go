@@ -127,6 +127,178 @@ type outScene struct {
 	stdout *os.File
 }
 
+// outAnswer is the answer TestInvokeOutAsTheShellWrites's server gives.
+const outAnswer = "OUTPUT"
+
+// writeOwned writes s to path at mode (past the umask), owned by uid
+// (0: as it is).
+func writeOwned(t *testing.T, path, s string, mode os.FileMode, uid int) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(s), mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		t.Fatal(err)
+	}
+	if uid != 0 {
+		if err := os.Chown(path, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// fileHolds wants path to hold want.
+func fileHolds(t *testing.T, path, want string) {
+	t.Helper()
+	if b, err := os.ReadFile(path); err != nil || string(b) != want {
+		t.Errorf("%s holds %q (%v); want %q", path, b, err, want)
+	}
+}
+
+// ownedBy wants path owned by uid want.
+func ownedBy(t *testing.T, path string, want int) {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uid := int(fi.Sys().(*syscall.Stat_t).Uid); uid != want {
+		t.Errorf("%s: owner %d; want %d kept", path, uid, want)
+	}
+}
+
+// outCase is one of TestInvokeOutAsTheShellWrites's scenes.
+type outCase struct {
+	name  string
+	root  bool // the scene needs root: another owner, another euid
+	euid  int  // the euid invoke runs as (0: this test's)
+	dir   os.FileMode
+	cut   bool // the answer is cut short
+	scene func(t *testing.T, dir string) outScene
+	code  int
+	errs  string // in stderr
+	sent  bool   // the request went out
+	check func(t *testing.T, dir string, stdout string)
+}
+
+// openedOut is a reader's file, opened before the invoke (the first scene).
+var openedOut *os.File
+
+// outCases are TestInvokeOutAsTheShellWrites's scenes.
+var outCases = []outCase{
+	{name: "a file of ours is replaced by a rename", dir: 0o700, code: 0, sent: true,
+		scene: func(t *testing.T, dir string) outScene {
+			writeOwned(t, filepath.Join(dir, "f"), "the old output", 0o640, 0)
+			f, _ := os.Open(filepath.Join(dir, "f"))
+			t.Cleanup(func() { f.Close() })
+			openedOut = f
+			return outScene{out: filepath.Join(dir, "f")}
+		},
+		check: func(t *testing.T, dir, _ string) {
+			// A reader that opened it before reads the old output still:
+			// the new one was put in place whole.
+			b, _ := io.ReadAll(openedOut)
+			fi, err := os.Stat(filepath.Join(dir, "f"))
+			if string(b) != "the old output" || err != nil || fi.Mode().Perm() != 0o640 {
+				t.Errorf("the file opened before reads %q; mode %v (%v); want the old output, 0640", b, fi.Mode(), err)
+			}
+		}},
+	{name: "hard links keep one file", dir: 0o700, code: 0, sent: true,
+		scene: func(t *testing.T, dir string) outScene {
+			writeOwned(t, filepath.Join(dir, "a"), "the old output", 0o644, 0)
+			if err := os.Link(filepath.Join(dir, "a"), filepath.Join(dir, "b")); err != nil {
+				t.Fatal(err)
+			}
+			return outScene{out: filepath.Join(dir, "a")}
+		},
+		check: func(t *testing.T, dir, _ string) {
+			fileHolds(t, filepath.Join(dir, "b"), outAnswer)
+			a, _ := os.Stat(filepath.Join(dir, "a"))
+			b, _ := os.Stat(filepath.Join(dir, "b"))
+			if a == nil || b == nil || !os.SameFile(a, b) {
+				t.Errorf("a and b are no longer one file")
+			}
+		}},
+	{name: "hard link, answer cut: left as it was", dir: 0o700, cut: true, code: 1, errs: "left as it was", sent: true,
+		scene: func(t *testing.T, dir string) outScene {
+			writeOwned(t, filepath.Join(dir, "a"), "the old output", 0o644, 0)
+			os.Link(filepath.Join(dir, "a"), filepath.Join(dir, "b"))
+			return outScene{out: filepath.Join(dir, "a")}
+		},
+		check: func(t *testing.T, dir, _ string) { fileHolds(t, filepath.Join(dir, "b"), "the old output") }},
+	{name: "a dangling link: its target made", dir: 0o700, code: 0, sent: true,
+		scene: func(t *testing.T, dir string) outScene {
+			os.Symlink("made", filepath.Join(dir, "link"))
+			return outScene{out: filepath.Join(dir, "link")}
+		},
+		check: func(t *testing.T, dir, _ string) {
+			fileHolds(t, filepath.Join(dir, "made"), outAnswer)
+			if fi, err := os.Lstat(filepath.Join(dir, "link")); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+				t.Errorf("link is no longer a link (%v)", err)
+			}
+		}},
+	{name: "a dangling link, answer cut: nothing made", dir: 0o700, cut: true, code: 1, errs: "left as it was", sent: true,
+		scene: func(t *testing.T, dir string) outScene {
+			os.Symlink("made", filepath.Join(dir, "link"))
+			return outScene{out: filepath.Join(dir, "link")}
+		},
+		check: func(t *testing.T, dir, _ string) {
+			if _, err := os.Lstat(filepath.Join(dir, "made")); err == nil {
+				t.Errorf("made was made")
+			}
+		}},
+	{name: "another's file: written in place, owner kept", root: true, dir: 0o700, code: 0, sent: true,
+		scene: func(t *testing.T, dir string) outScene {
+			writeOwned(t, filepath.Join(dir, "f"), "the old output", 0o644, 65534)
+			return outScene{out: filepath.Join(dir, "f")}
+		},
+		check: func(t *testing.T, dir, _ string) { ownedBy(t, filepath.Join(dir, "f"), 65534) }},
+	{name: "a read-only file: refused before the request", root: true, euid: 10001, dir: 0o777, code: 1, errs: "permission denied",
+		scene: func(t *testing.T, dir string) outScene {
+			writeOwned(t, filepath.Join(dir, "f"), "the old output", 0o444, 10001)
+			return outScene{out: filepath.Join(dir, "f")}
+		},
+		check: func(t *testing.T, dir, _ string) { fileHolds(t, filepath.Join(dir, "f"), "the old output") }},
+	{name: "a writable file in a directory that is not", root: true, euid: 10001, dir: 0o755, code: 0, sent: true,
+		scene: func(t *testing.T, dir string) outScene {
+			writeOwned(t, filepath.Join(dir, "f"), "the old output", 0o666, 0)
+			return outScene{out: filepath.Join(dir, "f")}
+		}},
+	{name: "another's file in a sticky directory", root: true, euid: 10001, dir: 0o777 | os.ModeSticky, code: 0, sent: true,
+		scene: func(t *testing.T, dir string) outScene {
+			writeOwned(t, filepath.Join(dir, "f"), "the old output", 0o666, 10002)
+			return outScene{out: filepath.Join(dir, "f")}
+		},
+		check: func(t *testing.T, dir, _ string) { ownedBy(t, filepath.Join(dir, "f"), 10002) }},
+	{name: "a file that is stdout: written at its position", dir: 0o700, code: 0, sent: true,
+		scene: func(t *testing.T, dir string) outScene {
+			f, err := os.OpenFile(filepath.Join(dir, "o.txt"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { f.Close() })
+			f.WriteString("header\n")
+			return outScene{out: filepath.Join(dir, "o.txt"), stdout: f}
+		}},
+	{name: "/dev/fd/N: written at its position", dir: 0o700, code: 0, sent: true,
+		scene: func(t *testing.T, dir string) outScene {
+			f, err := os.OpenFile(filepath.Join(dir, "o.txt"), os.O_WRONLY|os.O_CREATE, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { f.Close() })
+			f.WriteString("header\n")
+			return outScene{out: fmt.Sprintf("/dev/fd/%d", f.Fd()), stdout: f}
+		}},
+	{name: "/dev/stdout is the command's", dir: 0o700, code: 0, sent: true,
+		scene: func(t *testing.T, dir string) outScene { return outScene{out: "/dev/stdout"} },
+		check: func(t *testing.T, _ string, stdout string) {
+			if stdout != outAnswer {
+				t.Errorf("stdout %q; want %q", stdout, outAnswer)
+			}
+		}},
+}
+
 // plover invoke --out FILE writes FILE as a shell's > FILE would, but only
 // once the output is whole: the temporary file renamed over FILE replaced
 // a read-only file, failed for a writable one in a directory that is not,
@@ -135,225 +307,72 @@ type outScene struct {
 // target, and unlinked the file the shell had open as stdout
 // (/dev/stdout, /dev/fd/N), with what the shell had written to it.
 func TestInvokeOutAsTheShellWrites(t *testing.T) {
-	const answer = "OUTPUT"
-	write := func(t *testing.T, path, s string, mode os.FileMode, uid int) {
-		t.Helper()
-		if err := os.WriteFile(path, []byte(s), mode); err != nil {
+	for _, tt := range outCases {
+		t.Run(tt.name, func(t *testing.T) { runOutCase(t, tt) })
+	}
+}
+
+// runOutCase invokes with --out as tt sets the scene, and checks it.
+func runOutCase(t *testing.T, tt outCase) {
+	if tt.root && os.Geteuid() != 0 {
+		t.Skip("needs root: another owner's file, or another euid")
+	}
+	srv := newRawServer(t, func(c net.Conn, _ *http.Request) {
+		if tt.cut {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 100\r\n\r\n0123456789")
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 6\r\n\r\n"+outAnswer)
+	})
+	// Not t.TempDir: its parent is root's 0700, closed to another euid.
+	dir, err := os.MkdirTemp("", "plover-out-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	in := filepath.Join(dir, "in")
+	writeOwned(t, in, "input", 0o644, 0)
+	s := tt.scene(t, dir)
+	before, _ := os.ReadDir(dir)
+	if err := os.Chmod(dir, tt.dir); err != nil {
+		t.Fatal(err)
+	}
+	var stdout bytes.Buffer
+	var errb bytes.Buffer
+	env := &Env{Stdin: strings.NewReader(""), Stdout: &stdout, Stderr: &errb}
+	if s.stdout != nil {
+		env.Stdout = s.stdout
+	}
+	if tt.euid != 0 {
+		if err := syscall.Seteuid(tt.euid); err != nil {
+			t.Skipf("cannot take uid %d: %v", tt.euid, err)
+		}
+	}
+	code := Main([]string{"invoke", "f", "--server", srv.url(), "--in", in, "--out", s.out}, env)
+	if tt.euid != 0 {
+		if err := syscall.Seteuid(0); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Chmod(path, mode); err != nil { // past the umask
-			t.Fatal(err)
-		}
-		if uid != 0 {
-			if err := os.Chown(path, uid, uid); err != nil {
-				t.Fatal(err)
-			}
-		}
 	}
-	holds := func(t *testing.T, path, want string) {
-		t.Helper()
-		if b, err := os.ReadFile(path); err != nil || string(b) != want {
-			t.Errorf("%s holds %q (%v); want %q", path, b, err, want)
-		}
+	os.Chmod(dir, 0o700)
+	if code != tt.code || !strings.Contains(errb.String(), tt.errs) {
+		t.Fatalf("exit %d, stderr %q; want exit %d, %q", code, errb.String(), tt.code, tt.errs)
 	}
-	owner := func(t *testing.T, path string, want int) {
-		t.Helper()
-		fi, err := os.Stat(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if uid := int(fi.Sys().(*syscall.Stat_t).Uid); uid != want {
-			t.Errorf("%s: owner %d; want %d kept", path, uid, want)
-		}
+	if got := len(srv.requests()) > 0; got != tt.sent {
+		t.Errorf("the request sent: %v; want %v", got, tt.sent)
 	}
-	var opened *os.File // a reader's, opened before the invoke
-	tests := []struct {
-		name  string
-		root  bool // the scene needs root: another owner, another euid
-		euid  int  // the euid invoke runs as (0: this test's)
-		dir   os.FileMode
-		cut   bool // the answer is cut short
-		scene func(t *testing.T, dir string) outScene
-		code  int
-		errs  string // in stderr
-		sent  bool   // the request went out
-		check func(t *testing.T, dir string, stdout string)
-	}{
-		{name: "a file of ours is replaced by a rename", dir: 0o700, code: 0, sent: true,
-			scene: func(t *testing.T, dir string) outScene {
-				write(t, filepath.Join(dir, "f"), "the old output", 0o640, 0)
-				f, _ := os.Open(filepath.Join(dir, "f"))
-				t.Cleanup(func() { f.Close() })
-				opened = f
-				return outScene{out: filepath.Join(dir, "f")}
-			},
-			check: func(t *testing.T, dir, _ string) {
-				// A reader that opened it before reads the old output still:
-				// the new one was put in place whole.
-				b, _ := io.ReadAll(opened)
-				fi, err := os.Stat(filepath.Join(dir, "f"))
-				if string(b) != "the old output" || err != nil || fi.Mode().Perm() != 0o640 {
-					t.Errorf("the file opened before reads %q; mode %v (%v); want the old output, 0640", b, fi.Mode(), err)
-				}
-			}},
-		{name: "hard links keep one file", dir: 0o700, code: 0, sent: true,
-			scene: func(t *testing.T, dir string) outScene {
-				write(t, filepath.Join(dir, "a"), "the old output", 0o644, 0)
-				if err := os.Link(filepath.Join(dir, "a"), filepath.Join(dir, "b")); err != nil {
-					t.Fatal(err)
-				}
-				return outScene{out: filepath.Join(dir, "a")}
-			},
-			check: func(t *testing.T, dir, _ string) {
-				holds(t, filepath.Join(dir, "b"), answer)
-				a, _ := os.Stat(filepath.Join(dir, "a"))
-				b, _ := os.Stat(filepath.Join(dir, "b"))
-				if a == nil || b == nil || !os.SameFile(a, b) {
-					t.Errorf("a and b are no longer one file")
-				}
-			}},
-		{name: "hard link, answer cut: left as it was", dir: 0o700, cut: true, code: 1, errs: "left as it was", sent: true,
-			scene: func(t *testing.T, dir string) outScene {
-				write(t, filepath.Join(dir, "a"), "the old output", 0o644, 0)
-				os.Link(filepath.Join(dir, "a"), filepath.Join(dir, "b"))
-				return outScene{out: filepath.Join(dir, "a")}
-			},
-			check: func(t *testing.T, dir, _ string) { holds(t, filepath.Join(dir, "b"), "the old output") }},
-		{name: "a dangling link: its target made", dir: 0o700, code: 0, sent: true,
-			scene: func(t *testing.T, dir string) outScene {
-				os.Symlink("made", filepath.Join(dir, "link"))
-				return outScene{out: filepath.Join(dir, "link")}
-			},
-			check: func(t *testing.T, dir, _ string) {
-				holds(t, filepath.Join(dir, "made"), answer)
-				if fi, err := os.Lstat(filepath.Join(dir, "link")); err != nil || fi.Mode()&os.ModeSymlink == 0 {
-					t.Errorf("link is no longer a link (%v)", err)
-				}
-			}},
-		{name: "a dangling link, answer cut: nothing made", dir: 0o700, cut: true, code: 1, errs: "left as it was", sent: true,
-			scene: func(t *testing.T, dir string) outScene {
-				os.Symlink("made", filepath.Join(dir, "link"))
-				return outScene{out: filepath.Join(dir, "link")}
-			},
-			check: func(t *testing.T, dir, _ string) {
-				if _, err := os.Lstat(filepath.Join(dir, "made")); err == nil {
-					t.Errorf("made was made")
-				}
-			}},
-		{name: "another's file: written in place, owner kept", root: true, dir: 0o700, code: 0, sent: true,
-			scene: func(t *testing.T, dir string) outScene {
-				write(t, filepath.Join(dir, "f"), "the old output", 0o644, 65534)
-				return outScene{out: filepath.Join(dir, "f")}
-			},
-			check: func(t *testing.T, dir, _ string) { owner(t, filepath.Join(dir, "f"), 65534) }},
-		{name: "a read-only file: refused before the request", root: true, euid: 10001, dir: 0o777, code: 1, errs: "permission denied",
-			scene: func(t *testing.T, dir string) outScene {
-				write(t, filepath.Join(dir, "f"), "the old output", 0o444, 10001)
-				return outScene{out: filepath.Join(dir, "f")}
-			},
-			check: func(t *testing.T, dir, _ string) { holds(t, filepath.Join(dir, "f"), "the old output") }},
-		{name: "a writable file in a directory that is not", root: true, euid: 10001, dir: 0o755, code: 0, sent: true,
-			scene: func(t *testing.T, dir string) outScene {
-				write(t, filepath.Join(dir, "f"), "the old output", 0o666, 0)
-				return outScene{out: filepath.Join(dir, "f")}
-			}},
-		{name: "another's file in a sticky directory", root: true, euid: 10001, dir: 0o777 | os.ModeSticky, code: 0, sent: true,
-			scene: func(t *testing.T, dir string) outScene {
-				write(t, filepath.Join(dir, "f"), "the old output", 0o666, 10002)
-				return outScene{out: filepath.Join(dir, "f")}
-			},
-			check: func(t *testing.T, dir, _ string) { owner(t, filepath.Join(dir, "f"), 10002) }},
-		{name: "a file that is stdout: written at its position", dir: 0o700, code: 0, sent: true,
-			scene: func(t *testing.T, dir string) outScene {
-				f, err := os.OpenFile(filepath.Join(dir, "o.txt"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { f.Close() })
-				f.WriteString("header\n")
-				return outScene{out: filepath.Join(dir, "o.txt"), stdout: f}
-			}},
-		{name: "/dev/fd/N: written at its position", dir: 0o700, code: 0, sent: true,
-			scene: func(t *testing.T, dir string) outScene {
-				f, err := os.OpenFile(filepath.Join(dir, "o.txt"), os.O_WRONLY|os.O_CREATE, 0o644)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { f.Close() })
-				f.WriteString("header\n")
-				return outScene{out: fmt.Sprintf("/dev/fd/%d", f.Fd()), stdout: f}
-			}},
-		{name: "/dev/stdout is the command's", dir: 0o700, code: 0, sent: true,
-			scene: func(t *testing.T, dir string) outScene { return outScene{out: "/dev/stdout"} },
-			check: func(t *testing.T, _ string, stdout string) {
-				if stdout != answer {
-					t.Errorf("stdout %q; want %q", stdout, answer)
-				}
-			}},
+	if after, _ := os.ReadDir(dir); tt.code == 0 && len(after) > len(before)+1 || tt.code != 0 && len(after) != len(before) {
+		t.Errorf("%s holds %v, %v before: a temporary file left?", dir, after, before)
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if tt.root && os.Geteuid() != 0 {
-				t.Skip("needs root: another owner's file, or another euid")
-			}
-			srv := newRawServer(t, func(c net.Conn, _ *http.Request) {
-				if tt.cut {
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 100\r\n\r\n0123456789")
-					return
-				}
-				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 6\r\n\r\n"+answer)
-			})
-			// Not t.TempDir: its parent is root's 0700, closed to another euid.
-			dir, err := os.MkdirTemp("", "plover-out-")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { os.RemoveAll(dir) })
-			in := filepath.Join(dir, "in")
-			write(t, in, "input", 0o644, 0)
-			s := tt.scene(t, dir)
-			before, _ := os.ReadDir(dir)
-			if err := os.Chmod(dir, tt.dir); err != nil {
-				t.Fatal(err)
-			}
-			var stdout bytes.Buffer
-			var errb bytes.Buffer
-			env := &Env{Stdin: strings.NewReader(""), Stdout: &stdout, Stderr: &errb}
-			if s.stdout != nil {
-				env.Stdout = s.stdout
-			}
-			if tt.euid != 0 {
-				if err := syscall.Seteuid(tt.euid); err != nil {
-					t.Skipf("cannot take uid %d: %v", tt.euid, err)
-				}
-			}
-			code := Main([]string{"invoke", "f", "--server", srv.url(), "--in", in, "--out", s.out}, env)
-			if tt.euid != 0 {
-				if err := syscall.Seteuid(0); err != nil {
-					t.Fatal(err)
-				}
-			}
-			os.Chmod(dir, 0o700)
-			if code != tt.code || !strings.Contains(errb.String(), tt.errs) {
-				t.Fatalf("exit %d, stderr %q; want exit %d, %q", code, errb.String(), tt.code, tt.errs)
-			}
-			if got := len(srv.requests()) > 0; got != tt.sent {
-				t.Errorf("the request sent: %v; want %v", got, tt.sent)
-			}
-			if after, _ := os.ReadDir(dir); tt.code == 0 && len(after) > len(before)+1 || tt.code != 0 && len(after) != len(before) {
-				t.Errorf("%s holds %v, %v before: a temporary file left?", dir, after, before)
-			}
-			switch {
-			case s.stdout != nil:
-				s.stdout.WriteString("trailer\n")
-				holds(t, filepath.Join(dir, "o.txt"), "header\n"+answer+"trailer\n")
-			case tt.code == 0 && s.out != "/dev/stdout":
-				holds(t, s.out, answer)
-			}
-			if tt.check != nil {
-				tt.check(t, dir, stdout.String())
-			}
-		})
+	switch {
+	case s.stdout != nil:
+		s.stdout.WriteString("trailer\n")
+		fileHolds(t, filepath.Join(dir, "o.txt"), "header\n"+outAnswer+"trailer\n")
+	case tt.code == 0 && s.out != "/dev/stdout":
+		fileHolds(t, s.out, outAnswer)
+	}
+	if tt.check != nil {
+		tt.check(t, dir, stdout.String())
 	}
 }
 
