@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -229,11 +230,12 @@ func (c *Cache) removeAll(dirs []string) {
 // cache fits its limit. Bundles in use are never removed, so the cache can
 // exceed the limit while they are.
 func (c *Cache) evictLocked() (gone []string) {
+	var stuck map[string]bool // victims that could not be renamed this pass
 	for c.maxBytes > 0 && c.total > c.maxBytes {
 		var victim string
 		var oldest time.Time
 		for sha, e := range c.entries {
-			if e.inUse == 0 && (victim == "" || e.lastUsed.Before(oldest)) {
+			if e.inUse == 0 && !stuck[sha] && (victim == "" || e.lastUsed.Before(oldest)) {
 				victim, oldest = sha, e.lastUsed
 			}
 		}
@@ -246,10 +248,21 @@ func (c *Cache) evictLocked() (gone []string) {
 		// Named apart: the same bundle, fetched again, may be evicted
 		// again before the first removal ends.
 		aside := filepath.Join(c.dir, ".evict-"+victim+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
-		if err := os.Rename(filepath.Join(c.dir, victim), aside); err != nil {
-			return gone
+		switch err := os.Rename(filepath.Join(c.dir, victim), aside); {
+		case errors.Is(err, fs.ErrNotExist):
+			// Removed behind the cache's back (an operator, a tmp
+			// cleaner): forgotten. Left recorded, it was the victim of
+			// every pass, which failed each time: nothing was evicted
+			// again, and the cache grew past its limit for good.
+		case err != nil:
+			if stuck == nil {
+				stuck = map[string]bool{}
+			}
+			stuck[victim] = true // the next one, this pass
+			continue
+		default:
+			gone = append(gone, aside)
 		}
-		gone = append(gone, aside)
 		c.total -= c.entries[victim].size
 		delete(c.entries, victim)
 	}

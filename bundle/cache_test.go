@@ -789,3 +789,44 @@ func TestVerifyLeavesTheHashingToAdopt(t *testing.T) {
 		t.Errorf("Get of the adopted bundle: fetched %v, %v", fetched, err)
 	}
 }
+
+// An idle entry's directory removed behind the cache's back (an operator,
+// a tmp cleaner) stopped every later eviction: each pass picked it, failed
+// to rename it, and gave up, so the cache grew past its limit for good (a
+// review's finding). It is forgotten now, and the next victim taken.
+func TestEvictionOutlivesAMissingEntry(t *testing.T) {
+	ctx := context.Background()
+	store, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 100 << 10
+	dir := t.TempDir()
+	c, err := NewCache(dir, 0, 2*size+size/2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shas []string
+	for i := range 6 {
+		shas = append(shas, putBundle(t, store, byte(i+1), size))
+	}
+	for i, sha := range shas {
+		if _, _, _, err := c.Get(ctx, store, sha); err != nil {
+			t.Fatal(err)
+		}
+		c.Release(sha)
+		if i == 1 {
+			os.RemoveAll(filepath.Join(dir, shas[0])) // the least recently used
+		}
+	}
+	n := 0
+	des, _ := os.ReadDir(dir)
+	for _, de := range des {
+		if ValidDigest(de.Name()) {
+			n++
+		}
+	}
+	if st := c.Stats(); n > 2 || st.Bundles > 2 {
+		t.Fatalf("%d bundles on disk, %d counted (%d bytes), where the limit fits 2", n, st.Bundles, st.Bytes)
+	}
+}
