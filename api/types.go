@@ -144,6 +144,11 @@ type Version struct {
 	SHA256  string    `json:"sha256"`
 	Size    int64     `json:"size"`
 	Created time.Time `json:"created"`
+	// Unpacked is the bytes of the bundle's files, as the server that took
+	// the deploy unpacked them: what a node's bundle cache holds of it,
+	// which its packed Size may be a thousandth of (0 in records written
+	// before it, and by plover deploy --store).
+	Unpacked int64 `json:"unpacked_bytes,omitempty"`
 	// MinInstances copies the manifest's min_instances so that a starting
 	// server can tell which functions to pre-warm without fetching every
 	// bundle in the store.

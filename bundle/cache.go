@@ -43,6 +43,9 @@ type Cache struct {
 	locks   map[string]*shaLock // only while held or waited for (lock)
 	entries map[string]*cacheEntry
 	total   int64
+	// reserved is what pre-warms reserved (Reserve) and have not yet
+	// released: counted with the bundles in use.
+	reserved int64
 
 	// OnRepair, when set, hears of a cached bundle whose files no longer
 	// match what was unpacked: the entry is discarded and fetched again.
@@ -102,6 +105,13 @@ func NewCache(dir string, maxUnpacked, maxBytes int64) (*Cache, error) {
 	return c, nil
 }
 
+// UnpackedBytes is the bytes of an unpacked bundle's files in dir (Verify's
+// directory): what the cache will hold of it.
+func UnpackedBytes(dir string) (int64, error) {
+	n, _, err := dirSize(dir)
+	return n, err
+}
+
 func dirSize(dir string) (int64, time.Time, error) {
 	fi, err := os.Stat(dir)
 	if err != nil {
@@ -151,32 +161,46 @@ func (c *Cache) Stats() CacheStats {
 	return s
 }
 
-// Room reports whether bundle sha, of at least size bytes (its size in
-// the cache, where it is there), can be in use beside the bundles in use
-// and the cache stay within its limit: true for one in use already, or
-// without a limit. A pre-warm asks first: a version kept warm
-// (min_instances) holds its bundle for as long as it is current, and
-// bundles in use are never evicted, so warming past the limit would let a
-// tenant fill the node's disk with large bundles, one deploy at a time.
-func (c *Cache) Room(sha string, size int64) bool {
+// Reserve reports whether bundle sha, of at least size bytes (its size
+// in the cache, where it is there), can be in use beside the bundles in
+// use and those reserved, and the cache stay within its limit: true for
+// one in use already, or without a limit. Where it can, size is reserved
+// until release is called: a pre-warm reserves first and releases once its
+// load holds the bundle in use. A version kept warm (min_instances) holds
+// its bundle for as long as it is current, and bundles in use are never
+// evicted, so warming past the limit would let a tenant fill the node's
+// disk with large bundles, one deploy at a time; and a check that reserved
+// nothing passed every one of the pre-warms a poll starts at once.
+func (c *Cache) Reserve(sha string, size int64) (release func(), ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.maxBytes <= 0 {
-		return true
+		return func() {}, true
 	}
-	if e, ok := c.entries[sha]; ok {
+	if e, found := c.entries[sha]; found {
 		if e.inUse > 0 {
-			return true
+			return func() {}, true
 		}
-		size = e.size
+		size = max(size, e.size)
 	}
-	held := size
+	held := size + c.reserved
 	for _, e := range c.entries {
 		if e.inUse > 0 {
 			held += e.size
 		}
 	}
-	return held <= c.maxBytes
+	if held > c.maxBytes {
+		return func() {}, false
+	}
+	c.reserved += size
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			c.mu.Lock()
+			c.reserved -= size
+			c.mu.Unlock()
+		})
+	}, true
 }
 
 // use marks sha used now and in use by one more holder, recording it, of

@@ -3,6 +3,7 @@ package bundle
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"io"
 	"io/fs"
@@ -717,9 +718,9 @@ func TestCacheGetWaitsForAnotherFetchWithinItsContext(t *testing.T) {
 	}
 }
 
-// Room counts the bundles in use and the one asked of (its size on the
+// Reserve counts the bundles in use and the one asked of (its size on the
 // disk where the cache holds it), never those it would evict.
-func TestCacheRoomCountsBundlesInUse(t *testing.T) {
+func TestCacheReserveCountsBundlesInUse(t *testing.T) {
 	ctx := context.Background()
 	store, _ := objectstore.NewFS(t.TempDir())
 	const size = 100 << 10
@@ -745,19 +746,21 @@ func TestCacheRoomCountsBundlesInUse(t *testing.T) {
 		{"absent, fits beside a", c, size, true},
 		{"absent, too large beside a", c, 2 * size, false},
 	} {
-		if got := cache.Room(tc.sha, tc.size); got != tc.want {
-			t.Errorf("%s: Room = %v, want %v", tc.what, got, tc.want)
+		release, got := cache.Reserve(tc.sha, tc.size)
+		release()
+		if got != tc.want {
+			t.Errorf("%s: Reserve = %v, want %v", tc.what, got, tc.want)
 		}
 	}
 	if _, _, _, err := cache.Get(ctx, store, b); err != nil { // a and b in use
 		t.Fatal(err)
 	}
-	if cache.Room(c, size) {
-		t.Error("Room for a third bundle beside two in use: true, want false")
+	if _, ok := cache.Reserve(c, size); ok {
+		t.Error("Reserve for a third bundle beside two in use: true, want false")
 	}
 	unlimited, _ := NewCache(t.TempDir(), 0, 0)
-	if !unlimited.Room(c, 1<<40) {
-		t.Error("Room without a limit: false")
+	if _, ok := unlimited.Reserve(c, 1<<40); !ok {
+		t.Error("Reserve without a limit: false")
 	}
 }
 
@@ -829,4 +832,33 @@ func TestEvictionOutlivesAMissingEntry(t *testing.T) {
 	if st := c.Stats(); n > 2 || st.Bundles > 2 {
 		t.Fatalf("%d bundles on disk, %d counted (%d bytes), where the limit fits 2", n, st.Bundles, st.Bytes)
 	}
+}
+
+// The pre-warms a poll starts at once each asked whether their bundle fit
+// beside those in use, and each was told yes before any had loaded one (a
+// review's HIGH): what one reserves counts for the next, until released.
+func TestReserveCountsWhatIsReserved(t *testing.T) {
+	const size = 100 << 10
+	c, err := NewCache(t.TempDir(), 0, 2*size+size/2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sha := func(b byte) string { return hex.EncodeToString(bytes.Repeat([]byte{b}, 32)) }
+	r1, ok1 := c.Reserve(sha(1), size)
+	r2, ok2 := c.Reserve(sha(2), size)
+	_, ok3 := c.Reserve(sha(3), size)
+	if !ok1 || !ok2 || ok3 {
+		t.Fatalf("three reservations of %d bytes against %d: %v %v %v, want the third refused", size, 2*size+size/2, ok1, ok2, ok3)
+	}
+	r1()
+	r1() // a second release gives nothing back twice
+	r3, ok := c.Reserve(sha(3), size)
+	if !ok {
+		t.Fatal("a reservation after one was released: refused")
+	}
+	if _, ok := c.Reserve(sha(4), size); ok {
+		t.Fatal("a fourth reservation beside two held: granted (a release counted twice?)")
+	}
+	r2()
+	r3()
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/fileutil"
@@ -85,10 +86,11 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	if err != nil {
 		return api.FunctionInfo{}, err
 	}
-	m, err := e.unpackChecked(ctx, name, tmp, sha)
+	m, unpacked, err := e.unpackChecked(ctx, name, tmp, sha)
 	if err != nil {
 		return api.FunctionInfo{}, err
 	}
+	o.Unpacked = unpacked
 	if m.IsPipeline() {
 		sctx, cancel := storeCtx(ctx)
 		defer cancel()
@@ -201,25 +203,31 @@ func (e *Engine) spool(name string, body io.Reader, tmp *os.File, room *spoolRoo
 // writes, and every other deploy waited. A bundle the later checks or the
 // store refuse stays in the cache, evicted in its turn: it is the bytes
 // of its sha256 whatever becomes of the deploy.
-func (e *Engine) unpackChecked(ctx context.Context, name string, tmp io.Reader, sha string) (*abi.Manifest, error) {
+func (e *Engine) unpackChecked(ctx context.Context, name string, tmp io.Reader, sha string) (*abi.Manifest, int64, error) {
 	release, err := e.unpackTurn(ctx, name)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer release() // after the RemoveAll below: the turn bounds the scratch directory's disk too
 	dir, m, err := e.cfg.Cache.Verify(tmp, func(m *abi.Manifest) error { return checkManifest(m, name, e.targets) })
 	if err != nil {
-		return nil, e.unpackError(name, err)
+		return nil, 0, e.unpackError(name, err)
 	}
 	defer os.RemoveAll(dir)
 	if err := e.checkBundle(name, dir, m); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if err := e.checkRoom(dir, m); err != nil {
-		return nil, err
+		return nil, 0, err
+	}
+	// Recorded with the version: what a node's cache will hold of it,
+	// which a pre-warm reserves (warmCurrent).
+	unpacked, err := bundle.UnpackedBytes(dir)
+	if err != nil {
+		return nil, 0, e.diskError(name, "measuring the unpacked bundle", err)
 	}
 	e.cfg.Cache.Adopt(dir, sha)
-	return m, nil
+	return m, unpacked, nil
 }
 
 // bundleLimit is the most bytes a deploy of name may store, and the 413

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -315,37 +316,46 @@ func TestFollowersOfAFunctionBounded(t *testing.T) {
 // in use are never evicted: a pre-warm whose bundle would take the bundles
 // in use past --cache-limit is not done (at a deploy or at a server's
 // start), so that deploys of large bundles with min_instances cannot fill
-// the node's disk; the function still loads at its first request.
+// the node's disk; the function still loads at its first request. A
+// bundle of zeros is measured unpacked (the deploy records it): packed, a
+// MiB of them is a few KiB, and each such pre-warm passed the check (a
+// review's HIGH).
 func TestPrewarmsStayWithinTheCacheLimit(t *testing.T) {
-	store, err := objectstore.NewFS(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	const big = 1 << 20
-	newCache := func() *bundle.Cache {
-		c, err := bundle.NewCache(t.TempDir(), 0, big+big/2) // one bundle in use, not two
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	e := testkit.Engine(t, engine.Config{Store: store, Cache: newCache()})
-	for _, name := range []string{"a", "b"} {
-		m := testkit.Manifest(name)
-		m.Constants, m.MinInstances = "c.bin", 1
-		consts := make([]byte, big)
-		rand.Read(consts) // incompressible: packed as large
-		testkit.Deploy(t, e, testkit.BundleDir(t, m, consts))
-	}
-	if a, b := info(t, e, "a"), info(t, e, "b"); a.Idle != 1 || b.Loaded {
-		t.Fatalf("after deploys: a loaded=%v idle=%d, b loaded=%v idle=%d; want a warm and b left to its first request", a.Loaded, a.Idle, b.Loaded, b.Idle)
-	}
-	invoke(t, e, "b", []byte("x"))
-	e2 := testkit.Engine(t, engine.Config{Store: store, Cache: newCache()})
-	if err := e2.Prewarm(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if a, b := info(t, e2, "a"), info(t, e2, "b"); a.Idle != 1 || b.Loaded {
-		t.Fatalf("after Prewarm: a idle=%d, b loaded=%v; want a warm, b not", a.Idle, b.Loaded)
+	for _, zeros := range []bool{false, true} {
+		t.Run(fmt.Sprintf("zeros %v", zeros), func(t *testing.T) {
+			store, err := objectstore.NewFS(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			const big = 1 << 20
+			newCache := func() *bundle.Cache {
+				c, err := bundle.NewCache(t.TempDir(), 0, big+big/2) // one bundle in use, not two
+				if err != nil {
+					t.Fatal(err)
+				}
+				return c
+			}
+			e := testkit.Engine(t, engine.Config{Store: store, Cache: newCache()})
+			for _, name := range []string{"a", "b"} {
+				m := testkit.Manifest(name)
+				m.Constants, m.MinInstances = "c.bin", 1
+				consts := make([]byte, big)
+				if !zeros {
+					rand.Read(consts) // incompressible: packed as large
+				}
+				testkit.Deploy(t, e, testkit.BundleDir(t, m, consts))
+			}
+			if a, b := info(t, e, "a"), info(t, e, "b"); a.Idle != 1 || b.Loaded {
+				t.Fatalf("after deploys: a loaded=%v idle=%d, b loaded=%v idle=%d; want a warm and b left to its first request", a.Loaded, a.Idle, b.Loaded, b.Idle)
+			}
+			invoke(t, e, "b", []byte("x"))
+			e2 := testkit.Engine(t, engine.Config{Store: store, Cache: newCache()})
+			if err := e2.Prewarm(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if a, b := info(t, e2, "a"), info(t, e2, "b"); a.Idle != 1 || b.Loaded {
+				t.Fatalf("after Prewarm: a idle=%d, b loaded=%v; want a warm, b not", a.Idle, b.Loaded)
+			}
+		})
 	}
 }

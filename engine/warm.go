@@ -164,7 +164,8 @@ func (a *asideWarms) drop(f *function) {
 // version (a deploy landing meanwhile pre-warms the new one), and says why
 // it could not (logged here). A version not loaded yet is left to its
 // first request where its bundle would take the bundle cache past its
-// limit with those in use (Cache.Room): requests still load it. A pre-warm runs the bundle's constructors:
+// limit with those in use or being warmed (Cache.Reserve): requests
+// still load it. A pre-warm runs the bundle's constructors:
 // one that hangs must not hold a deploy (or a server's start, or the
 // reaper's top-up) for longer than a request may take.
 func (e *Engine) warmCurrent(ctx context.Context, f *function, v *version) error {
@@ -175,10 +176,18 @@ func (e *Engine) warmCurrent(ctx context.Context, f *function, v *version) error
 	if e.tab.currentOf(f) != v {
 		return nil
 	}
-	if !v.loaded.Load() && !e.cfg.Cache.Room(v.rec.SHA256, v.rec.Size) {
-		err := fmt.Errorf("not kept warm: its bundle (%d bytes packed) and the bundles in use would pass this node's --cache-limit; it loads at its first request", v.rec.Size)
-		e.cfg.Log.Warn("cannot make the instances min_instances keeps", "function", f.name, "version", v.rec.ID, "error", err)
-		return err
+	if !v.loaded.Load() {
+		// Reserved until the load holds the bundle in use, at its size
+		// unpacked where the deploy measured it: packed, a bundle of
+		// zeros is a few KiB.
+		size := max(v.rec.Size, v.rec.Unpacked)
+		release, ok := e.cfg.Cache.Reserve(v.rec.SHA256, size)
+		if !ok {
+			err := fmt.Errorf("not kept warm: its bundle (%d bytes) and the bundles in use or being warmed would pass this node's --cache-limit; it loads at its first request", size)
+			e.cfg.Log.Warn("cannot make the instances min_instances keeps", "function", f.name, "version", v.rec.ID, "error", err)
+			return err
+		}
+		defer release()
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()

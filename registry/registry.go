@@ -381,6 +381,9 @@ type PublishOptions struct {
 	// after a slow upload that succeeded near it no time of its own.
 	// A step cut at its bound fails wrapping ErrPastBound.
 	Bound func(upload int64) time.Duration
+	// Unpacked is recorded with the version (api.Version.Unpacked): the
+	// bundle's files' bytes, as the deploy's check unpacked them.
+	Unpacked int64
 }
 
 // ErrPastBound is a publish step cut at its PublishOptions.Bound while
@@ -477,7 +480,7 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 				return fillCopies(r, unchanged, m), nil
 			}
 			unchanged = nil
-			v := api.Version{ID: id, SHA256: sha, Size: size, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, OutBytes: m.RequestOutBytes(), Tensors: m.Tensors, Share: m.Share, Target: m.Target, Label: label, Tenant: tenant}
+			v := api.Version{ID: id, SHA256: sha, Size: size, Unpacked: o.Unpacked, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, OutBytes: m.RequestOutBytes(), Tensors: m.Tensors, Share: m.Share, Target: m.Target, Label: label, Tenant: tenant}
 			if m.IsPipeline() {
 				v.Kind, v.Steps = m.Kind, m.Steps
 			}
