@@ -541,7 +541,7 @@ type transports struct {
 // startTransports serves door over HTTP, gRPC (--grpc-listen) and the
 // unauthenticated metrics address (--metrics-listen).
 func startTransports(ctx context.Context, f *serveFlags, n *node, front *frontDoor, door *frontdoor.Door, reg *prometheus.Registry, log *slog.Logger) (*transports, error) {
-	opts := httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, Log: log, Version: Version, Registry: reg, BodyBudget: front.budget,
+	opts := httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, MaxConns: front.guard.Max, Log: log, Version: Version, Registry: reg, BodyBudget: front.budget,
 		ReadTimeout: f.readTimeout, WriteTimeout: f.writeTimeout, NoConsole: !f.console, Origins: f.origins}
 	if f.isolation == "process" {
 		opts.CPUWeights = n.cpu.Mechanism // nil: "off"

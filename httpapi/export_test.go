@@ -66,3 +66,7 @@ func PanicIn(s *Server, hook string, v any) {
 // HeaderMarks is the requests s holds marked for their handler as their
 // HeaderReceived panicked.
 func HeaderMarks(s *Server) int32 { return s.headerPanics.n.Load() }
+
+// Concurrency is the bound fasthttp puts on the connections s serves at
+// once (0: its default, 262,144).
+func Concurrency(s *Server) int { return s.srv.Concurrency }

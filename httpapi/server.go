@@ -52,8 +52,15 @@ type Options struct {
 	// MaxBodyBytes bounds any request body (inputs and bundles); larger
 	// requests get 413 before the handler runs.
 	MaxBodyBytes int
-	Log          *slog.Logger
-	Version      string
+	// MaxConns is the most connections the listener lets through
+	// (--max-conns; 0: fasthttp's own bound, 262,144). fasthttp's bound is
+	// set past it: left at its default under a higher --max-conns (one
+	// derived from a container's open-file limit of 2^20 is 786,432), it
+	// was the port's real bound, its 503 naming no flag and counted
+	// nowhere, and the per-client cap never came into play.
+	MaxConns int
+	Log      *slog.Logger
+	Version  string
 	// Registry is served at /metrics: the caller registers the door's
 	// request metrics and other collectors (the engine's) on it. Nil: a
 	// private registry.
@@ -213,6 +220,7 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 		// a bearer token among them, into the 400 and the log.
 		SecureErrorLogMessage: true,
 		CloseOnShutdown:       true,
+		Concurrency:           concurrencyFor(opts.MaxConns),
 	}
 	return s
 }
@@ -788,4 +796,15 @@ func writeJSON(ctx *fasthttp.RequestCtx, code int, v any) {
 		ctx.Response.Header.Set("Retry-After", "1")
 	}
 	ctx.SetBody(append(b, '\n'))
+}
+
+// concurrencyFor is fasthttp's bound on the connections it serves at
+// once for a listener that lets max through: past it by a margin, since a
+// connection the listener has let go of may still be counted by fasthttp
+// for a moment; fasthttp's default (0) where max is 0.
+func concurrencyFor(max int) int {
+	if max <= 0 {
+		return 0
+	}
+	return max + max/8 + 64
 }
