@@ -77,7 +77,11 @@ type cacheEntry struct {
 // unpacked bundles (0: no limit). It picks up bundles a previous run left
 // and removes half-written work.
 func NewCache(dir string, maxUnpacked, maxBytes int64) (*Cache, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	// The server's alone: a worker reads its bundle through its stage's
+	// descriptor, and every tenant's library and weights are here, which
+	// a local user, or a worker of another uid on a kernel without
+	// Landlock, could otherwise list and read.
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("bundle cache: %w", err)
 	}
 	if maxUnpacked <= 0 {

@@ -862,3 +862,21 @@ func TestReserveCountsWhatIsReserved(t *testing.T) {
 	r2()
 	r3()
 }
+
+// A cache made here is the server's alone (0700): every tenant's library
+// and weights are in it, and it was 0755, readable by any local user and
+// by a worker of another uid where Landlock is missing (a review's
+// finding). Workers read their bundles through their stage's descriptor.
+func TestANewCacheIsTheServersAlone(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "cache")
+	if _, err := NewCache(dir, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		t.Fatalf("a new cache's directory is %v, want no access but its owner's", fi.Mode().Perm())
+	}
+}
