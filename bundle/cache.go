@@ -297,6 +297,12 @@ func (c *Cache) evictLocked() (gone []string) {
 	return gone
 }
 
+// ErrDamagedInUse is a cached bundle whose files no longer match what was
+// unpacked, while a loaded version still uses them: it cannot be fetched
+// again until that version unloads. Not the store's doing; the error
+// wrapping it names the node's paths, for its log alone.
+var ErrDamagedInUse = errors.New("a cached bundle is damaged and still in use")
+
 // FetchError is a failure to read a bundle from the store (an outage, a
 // missing object), as opposed to a bundle that was read and refused.
 type FetchError struct{ Err error }
@@ -366,7 +372,7 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 		if c.holders(sha) > 0 {
 			// A loaded version still uses these files: they cannot be
 			// replaced under it. It is repaired once that version unloads.
-			return "", nil, false, &FetchError{Err: fmt.Errorf("cached bundle %s is damaged (%v) and still in use by a loaded version", sha, err)}
+			return "", nil, false, fmt.Errorf("cached bundle %s is damaged (%v) and still in use by a loaded version: %w", sha, err, ErrDamagedInUse)
 		}
 		aside = append(aside, c.discard(sha, dir)...)
 		if c.OnRepair != nil {

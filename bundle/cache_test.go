@@ -880,3 +880,23 @@ func TestANewCacheIsTheServersAlone(t *testing.T) {
 		t.Fatalf("a new cache's directory is %v, want no access but its owner's", fi.Mode().Perm())
 	}
 }
+
+// A damaged entry still held by a loaded version was a FetchError, which
+// the engine answers as the store's outage, quoting the error: the node's
+// cache paths reached the client (a review's finding). It is
+// ErrDamagedInUse now, which the engine answers without them.
+func TestADamagedEntryInUseIsNotTheStores(t *testing.T) {
+	ctx := context.Background()
+	store, sha, c := storedBundle(t)
+	if _, _, _, err := c.Get(ctx, store, sha); err != nil { // a loaded version holds it
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(c.Dir(), sha, sumsFile))
+	os.Remove(filepath.Join(c.Dir(), sha, stampsFile))
+	c.keep(sha, nil)
+	_, _, _, err := c.Get(ctx, store, sha)
+	var fe *FetchError
+	if !errors.Is(err, ErrDamagedInUse) || errors.As(err, &fe) {
+		t.Fatalf("a damaged entry in use: %v; want ErrDamagedInUse, not a FetchError", err)
+	}
+}

@@ -77,6 +77,10 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 			// The request's deadline bounds the fetch: its 504, as for a
 			// record read cut by it (readCut), not the store's 503.
 			return errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while bundle %s was fetched from the store", v.fn.name, v.rec.SHA256[:12])
+		case errors.Is(err, bundle.ErrDamagedInUse):
+			// The node's disk, not the store: its paths are the log's.
+			e.cfg.Log.Error("a cached bundle is damaged and still in use", "function", v.fn.name, "version", v.rec.ID, "error", err)
+			return errorf(errdefs.KindUnavailable, err, "function %s: bundle %s in this node's cache is damaged and still in use by a loaded version; it is fetched again once that version unloads (the server log says what is damaged)", v.fn.name, v.rec.SHA256[:12])
 		case errors.As(err, &fe) && errors.Is(err, objectstore.ErrNotFound):
 			return e.bundleMissing(ctx, v, err) // no outage: retries would not mend it
 		case errors.As(err, &fe):
