@@ -33,10 +33,22 @@ type frontDoor struct {
 
 // rejectResponse is what a connection past --max-conns reads before it is
 // closed.
-var rejectResponse = func() []byte {
-	body := `{"error":{"code":"unavailable","message":"the server has its maximum of open connections (--max-conns), or this client its own (--max-conns-per-client); retry"}}`
+var rejectResponse = unavailableResponse("the server has its maximum of open connections (--max-conns), or this client its own (--max-conns-per-client); retry")
+
+// metricsRejectResponse is what a connection to --metrics-listen past its
+// bounds reads before it is closed.
+var metricsRejectResponse = unavailableResponse(fmt.Sprintf("the metrics listener (--metrics-listen) has its maximum of %d open connections, or this client its own %d; retry", metricsMaxConns, metricsPerClient))
+
+// unavailableResponse is a whole 503 answer saying msg (no quotes in it).
+func unavailableResponse(msg string) []byte {
+	body := `{"error":{"code":"unavailable","message":"` + msg + `"}}`
 	return fmt.Appendf(nil, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-}()
+}
+
+// The metrics listener's bounds: a scraper needs a connection or two, and
+// without a bound per client one peer holding 64 silent connections (each
+// for the read timeout, again and again) cut every scrape off.
+const metricsMaxConns, metricsPerClient = 64, 8
 
 func newFrontDoor(f *serveFlags, log *slog.Logger, reg prometheus.Registerer) (*frontDoor, error) {
 	d := &frontDoor{f: f, log: log}
@@ -203,7 +215,7 @@ func (d *frontDoor) listenMetrics() (net.Listener, error) {
 		// shows (a review's finding): say so where the operator looks.
 		d.log.Warn("--metrics-listen: /metrics without authentication on a non-loopback address names every tenant's functions, pipelines and limited tokens, and their request rates, to anyone who reaches it: keep it on a network only the scraper reaches", "addr", ln.Addr().String())
 	}
-	return &netguard.Listener{Listener: ln, Max: 64, OnError: d.guard.OnError}, nil
+	return &netguard.Listener{Listener: ln, Max: metricsMaxConns, PerClient: metricsPerClient, Reject: metricsRejectResponse, OnError: d.guard.OnError}, nil
 }
 
 // remind logs that listener flag (at addr) is open to anyone, at start and

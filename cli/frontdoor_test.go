@@ -1,10 +1,15 @@
 package cli
 
 import (
+	"errors"
+	"io"
 	"log/slog"
 	"math"
+	"net"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -51,5 +56,56 @@ func TestSpoolBudget(t *testing.T) {
 		if got := spoolBudget(tc.mib, tc.bundle); got != tc.want {
 			t.Errorf("spoolBudget(%d MiB, --max-body %d) = %d, want %d", tc.mib, tc.bundle, got, tc.want)
 		}
+	}
+}
+
+// The metrics listener had 64 connections and no bound per client: one
+// peer holding 64 silent connections cut every scrape off, its closes
+// saying nothing (a review's finding). A client holds at most 8; the rest
+// read a 503 naming the listener, and another client still connects.
+func TestTheMetricsListenerBoundsAClient(t *testing.T) {
+	d, err := newFrontDoor(&serveFlags{metricsListen: "127.0.0.1:0"}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := d.listenMetrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // held open, silent, until the test ends
+		}
+	}()
+	dial := func(from string) net.Conn {
+		t.Helper()
+		dl := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		c, err := dl.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	for range metricsPerClient {
+		dial("127.0.0.1")
+	}
+	// Past its bound: the 503 names the listener, and the connection ends.
+	c := dial("127.0.0.1")
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	b, err := io.ReadAll(c)
+	if !strings.Contains(string(b), "503") || !strings.Contains(string(b), "--metrics-listen") {
+		t.Fatalf("a client's connection past %d: read %q (%v), want a 503 naming --metrics-listen", metricsPerClient, b, err)
+	}
+	// Another client is not held out: its connection is kept open.
+	o := dial("127.0.0.2")
+	o.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if n, err := o.Read(make([]byte, 1)); n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("another client's connection: read %d bytes, %v; want it held open", n, err)
 	}
 }
