@@ -474,14 +474,19 @@ func (c *Cache) discard(sha, dir string) []string {
 // does not hold sha.
 func (c *Cache) pin(sha, dir string) bool {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	e, ok := c.entries[sha]
 	if !ok {
+		c.mu.Unlock()
 		return false
 	}
 	e.inUse++
-	e.lastUsed = time.Now()
-	os.Chtimes(dir, e.lastUsed, e.lastUsed) // the order survives a restart
+	now := time.Now()
+	e.lastUsed = now
+	c.mu.Unlock()
+	// The order survives a restart. After the lock, which every Get,
+	// Release and metrics scrape takes: a stalled disk must not hold
+	// them. The entry is pinned, so it is not evicted meanwhile.
+	os.Chtimes(dir, now, now)
 	return true
 }
 
