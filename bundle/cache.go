@@ -44,8 +44,9 @@ type Cache struct {
 	entries map[string]*cacheEntry
 	total   int64
 	// reserved is what pre-warms reserved (Reserve) and have not yet
-	// released: counted with the bundles in use.
-	reserved int64
+	// released, by bundle in reservedBy: counted with the bundles in use.
+	reserved   int64
+	reservedBy map[string]*reservation
 
 	// OnRepair, when set, hears of a cached bundle whose files no longer
 	// match what was unpacked: the entry is discarded and fetched again.
@@ -83,6 +84,10 @@ func NewCache(dir string, maxUnpacked, maxBytes int64) (*Cache, error) {
 	// Landlock, could otherwise list and read.
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("bundle cache: %w", err)
+	}
+	// One made before (0755) is closed too: MkdirAll leaves its mode.
+	if fi, err := os.Lstat(dir); err == nil && fi.IsDir() && fi.Mode().Perm()&0o077 != 0 {
+		os.Chmod(dir, fi.Mode().Perm()&0o700)
 	}
 	if maxUnpacked <= 0 {
 		maxUnpacked = DefaultMaxUnpacked
@@ -187,24 +192,45 @@ func (c *Cache) Reserve(sha string, size int64) (release func(), ok bool) {
 		}
 		size = max(size, e.size)
 	}
-	held := size + c.reserved
-	for _, e := range c.entries {
-		if e.inUse > 0 {
-			held += e.size
+	r := c.reservedBy[sha]
+	if r == nil {
+		// Counted once however many reserve it (two functions of one
+		// bundle): the disk holds it once.
+		held := size + c.reserved
+		for _, e := range c.entries {
+			if e.inUse > 0 {
+				held += e.size
+			}
 		}
+		if held > c.maxBytes {
+			return func() {}, false
+		}
+		r = &reservation{size: size}
+		if c.reservedBy == nil {
+			c.reservedBy = map[string]*reservation{}
+		}
+		c.reservedBy[sha] = r
+		c.reserved += size
 	}
-	if held > c.maxBytes {
-		return func() {}, false
-	}
-	c.reserved += size
+	r.n++
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			c.mu.Lock()
-			c.reserved -= size
+			if r.n--; r.n == 0 {
+				c.reserved -= r.size
+				delete(c.reservedBy, sha)
+			}
 			c.mu.Unlock()
 		})
 	}, true
+}
+
+// reservation is what Reserve holds for one bundle: its size, and how
+// many hold it.
+type reservation struct {
+	size int64
+	n    int
 }
 
 // use marks sha used now and in use by one more holder, recording it, of

@@ -861,6 +861,23 @@ func TestReserveCountsWhatIsReserved(t *testing.T) {
 	}
 	r2()
 	r3()
+	// One bundle reserved twice (two functions of the same bytes) is
+	// counted once: the disk holds it once.
+	a1, ok1 := c.Reserve(sha(5), 2*size)
+	a2, ok2 := c.Reserve(sha(5), 2*size)
+	if !ok1 || !ok2 {
+		t.Fatalf("one bundle of %d bytes reserved twice against %d: %v %v, want both granted", 2*size, 2*size+size/2, ok1, ok2)
+	}
+	a1()
+	if _, ok := c.Reserve(sha(6), size); ok {
+		t.Fatal("a reservation beside a bundle still reserved once: granted")
+	}
+	a2()
+	if r, ok := c.Reserve(sha(6), size); !ok {
+		t.Fatal("a reservation once every other was released: refused")
+	} else {
+		r()
+	}
 }
 
 // A cache made here is the server's alone (0700): every tenant's library

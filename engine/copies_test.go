@@ -85,3 +85,45 @@ func TestANodeTakesTheCopiesAnUnchangedDeployFillsIn(t *testing.T) {
 		t.Errorf("after a record with copies of 2^62: max input %d, out %d; want 65536, 256 still", in, out)
 	}
 }
+
+// A version recorded before unpacked_bytes was counted at its packed size
+// by every pre-warm, and a deploy of the same bytes did not fill it in (a
+// review's finding): it does now, as the other copies.
+func TestAnUnchangedDeployFillsInTheUnpackedSize(t *testing.T) {
+	ctx := context.Background()
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := testkit.Engine(t, engine.Config{Store: fs})
+	dir := testkit.BundleDir(t, testkit.Manifest("fn"), nil)
+	testkit.Deploy(t, e, dir)
+	const key = "functions/fn.json"
+	record := func() api.Record {
+		t.Helper()
+		rc, err := fs.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rc.Close()
+		var rec api.Record
+		if err := json.NewDecoder(rc).Decode(&rec); err != nil {
+			t.Fatal(err)
+		}
+		return rec
+	}
+	rec := record()
+	if rec.Versions[0].Unpacked <= rec.Versions[0].Size {
+		t.Fatalf("a deploy recorded %d bytes unpacked of a bundle of %d packed, want more", rec.Versions[0].Unpacked, rec.Versions[0].Size)
+	}
+	want := rec.Versions[0].Unpacked
+	rec.Versions[0].Unpacked = 0 // as an earlier build wrote it
+	raw, _ := json.Marshal(&rec)
+	if err := fs.Put(ctx, key, bytes.NewReader(raw), int64(len(raw))); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Deploy(t, e, dir)
+	if got := record(); len(got.Versions) != 1 || got.Versions[0].Unpacked != want {
+		t.Fatalf("after the same bytes deployed again: %d versions, unpacked %d, want one version, %d", len(got.Versions), got.Versions[0].Unpacked, want)
+	}
+}

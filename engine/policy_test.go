@@ -359,3 +359,46 @@ func TestPrewarmsStayWithinTheCacheLimit(t *testing.T) {
 		})
 	}
 }
+
+// A pre-warm's reservation is given back once its load holds the bundle
+// in use: kept until its constructors ended, the bundle counted twice
+// meanwhile, and another pre-warm was refused for room it had (and not
+// tried again: it loaded at its first request; a review's finding).
+func TestAPrewarmInItsConstructorsCountsItsBundleOnce(t *testing.T) {
+	store, err := objectstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const big = 1 << 20
+	cache, err := bundle.NewCache(t.TempDir(), 0, big*5/2) // a and b in use; not a twice beside b
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := testkit.Engine(t, engine.Config{Store: store, Cache: cache})
+	consts := func() []byte {
+		b := make([]byte, big)
+		rand.Read(b) // packed as large
+		return b
+	}
+	slow := &abi.Manifest{Name: "slow", ABI: abi.Major, Target: abi.TargetHost, Library: "hooks.so", Constants: "c.bin",
+		MaxInputBytes: 1 << 10, OutBytes: 256, Chain: []abi.Launch{{Kernel: "report", Grid: 1, Block: 1}}, MinInstances: 1}
+	dir := testkit.BundleDir(t, slow, consts())
+	testkit.BuildLib(t, testkit.HooksSource(), dir, slow.Library, "-DSLOW_INIT_MS=3000")
+	deployed := make(chan struct{})
+	go func() {
+		defer close(deployed)
+		testkit.Deploy(t, e, dir) // returns once its pre-warm made the instance
+	}()
+	for end := time.Now().Add(20 * time.Second); cache.Stats().InUse == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("slow's pre-warm did not load its bundle within 20 s")
+		}
+	}
+	m := testkit.Manifest("b")
+	m.Constants, m.MinInstances = "c.bin", 1
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, consts()))
+	<-deployed
+	if b := info(t, e, "b"); b.Idle != 1 {
+		t.Fatalf("b, deployed while slow's constructors ran: idle %d, want its pre-warm done (it fits beside slow)", b.Idle)
+	}
+}

@@ -9,8 +9,10 @@ import (
 )
 
 // warm loads v and creates instances up to its min_instances.
-func (e *Engine) warm(ctx context.Context, v *version) error {
-	if err := e.load(ctx, v); err != nil {
+func (e *Engine) warm(ctx context.Context, v *version, loaded func()) error {
+	err := e.load(ctx, v)
+	loaded() // the bundle is in use from here (or not at all)
+	if err != nil {
 		return err
 	}
 	for {
@@ -176,22 +178,28 @@ func (e *Engine) warmCurrent(ctx context.Context, f *function, v *version) error
 	if e.tab.currentOf(f) != v {
 		return nil
 	}
+	release := func() {}
 	if !v.loaded.Load() {
 		// Reserved until the load holds the bundle in use, at its size
 		// unpacked where the deploy measured it: packed, a bundle of
 		// zeros is a few KiB.
 		size := max(v.rec.Size, v.rec.Unpacked)
-		release, ok := e.cfg.Cache.Reserve(v.rec.SHA256, size)
+		r, ok := e.cfg.Cache.Reserve(v.rec.SHA256, size)
 		if !ok {
 			err := fmt.Errorf("not kept warm: its bundle (%d bytes) and the bundles in use or being warmed would pass this node's --cache-limit; it loads at its first request", size)
 			e.cfg.Log.Warn("cannot make the instances min_instances keeps", "function", f.name, "version", v.rec.ID, "error", err)
 			return err
 		}
-		defer release()
+		// Released once the load holds the bundle in use, not after the
+		// constructors: counted twice meanwhile, it refused other
+		// pre-warms for nothing (and for good: a pre-warm refused is not
+		// tried again).
+		release = r
+		defer r() // a panic's too
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
-	err := e.warm(ctx, v)
+	err := e.warm(ctx, v, release)
 	if err != nil {
 		e.cfg.Log.Warn("cannot make the instances min_instances keeps", "function", f.name, "version", v.rec.ID, "error", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"strconv"
@@ -803,8 +804,11 @@ func writeJSON(ctx *fasthttp.RequestCtx, code int, v any) {
 // connection the listener has let go of may still be counted by fasthttp
 // for a moment; fasthttp's default (0) where max is 0.
 func concurrencyFor(max int) int {
-	if max <= 0 {
+	switch {
+	case max <= 0:
 		return 0
+	case max > math.MaxInt/2: // past it the sum wraps, to fasthttp's default
+		return math.MaxInt / 2
 	}
 	return max + max/8 + 64
 }

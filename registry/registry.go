@@ -477,7 +477,7 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 			// repairs a missing or damaged bundle object.
 			if cv, err := r.CurrentVersion(); !force && err == nil && cv.SHA256 == sha && cv.Label == label && cv.Tenant == tenant {
 				unchanged = &cv
-				return fillCopies(r, unchanged, m), nil
+				return fillCopies(r, unchanged, m, o.Unpacked), nil
 			}
 			unchanged = nil
 			v := api.Version{ID: id, SHA256: sha, Size: size, Unpacked: o.Unpacked, Created: time.Now().UTC().Truncate(time.Millisecond), MinInstances: m.MinInstances, MaxInputBytes: m.MaxInputBytes, OutBytes: m.RequestOutBytes(), Tensors: m.Tensors, Share: m.Share, Target: m.Target, Label: label, Tenant: tenant}
@@ -522,8 +522,8 @@ func (g Registry) PublishWith(ctx context.Context, m *abi.Manifest, bundleBytes 
 // version's outputs by its out_bytes before it is loaded (else at 1 GiB),
 // and a front door bounds its bodies by max_input_bytes. An old build's
 // node may write the record without them again; a later deploy fills them.
-func fillCopies(r *api.Record, cv *api.Version, m *abi.Manifest) *api.Record {
-	lacks := cv.OutBytes == 0 && m.RequestOutBytes() > 0 || cv.MaxInputBytes == 0 && m.MaxInputBytes > 0
+func fillCopies(r *api.Record, cv *api.Version, m *abi.Manifest, unpacked int64) *api.Record {
+	lacks := cv.OutBytes == 0 && m.RequestOutBytes() > 0 || cv.MaxInputBytes == 0 && m.MaxInputBytes > 0 || cv.Unpacked == 0 && unpacked > 0
 	if m.IsPipeline() || !lacks {
 		return nil
 	}
@@ -533,13 +533,16 @@ func fillCopies(r *api.Record, cv *api.Version, m *abi.Manifest) *api.Record {
 	}
 	was := r.Versions[i]
 	r.Versions[i].OutBytes, r.Versions[i].MaxInputBytes = m.RequestOutBytes(), m.MaxInputBytes
+	if r.Versions[i].Unpacked == 0 {
+		r.Versions[i].Unpacked = unpacked
+	}
 	if b, err := json.Marshal(r); err != nil || len(b) > MaxRecordBytes {
 		// A deploy that changed nothing does not fail for a record at
 		// its bound (or written past it before there was one).
 		r.Versions[i] = was
 		return nil
 	}
-	cv.OutBytes, cv.MaxInputBytes = r.Versions[i].OutBytes, r.Versions[i].MaxInputBytes
+	cv.OutBytes, cv.MaxInputBytes, cv.Unpacked = r.Versions[i].OutBytes, r.Versions[i].MaxInputBytes, r.Versions[i].Unpacked
 	return r
 }
 
