@@ -368,7 +368,7 @@ func invoke(c *client, name string, input []byte, out string, o invokeOptions, e
 	// ^C or SIGTERM ends the request, so that the deferred abort runs:
 	// ended by the signal's default action, invoke left --out's
 	// temporary file behind.
-	sig, stopSig := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	sig, stopSig := notifyContext(os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stopSig()
 	// Caught once: a second signal has its default action, so that an
 	// invoke stuck writing its output (a FIFO whose reader stopped, a
@@ -625,4 +625,23 @@ func workers(ws []api.WorkerInfo) string {
 		fmt.Fprintf(&b, "%d %s/%s %d", w.PID, pss, humanBytes(w.RSSBytes), w.Threads)
 	}
 	return b.String()
+}
+
+// notifyContext is signal.NotifyContext for those of sigs not ignored at
+// the start: catching one that was ignored undoes the ignoring
+// (os/signal), and an invoke run under nohup, or as a background job
+// whose ^C is ignored, would then be ended by the hangup or the ^C it was
+// meant to outlive. With none left, it catches nothing (NotifyContext
+// given no signal would catch every one).
+func notifyContext(sigs ...os.Signal) (context.Context, context.CancelFunc) {
+	var caught []os.Signal
+	for _, s := range sigs {
+		if !signal.Ignored(s) {
+			caught = append(caught, s)
+		}
+	}
+	if len(caught) == 0 {
+		return context.WithCancel(context.Background())
+	}
+	return signal.NotifyContext(context.Background(), caught...)
 }

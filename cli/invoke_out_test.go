@@ -422,62 +422,78 @@ func TestInvokeStuckWritingEndsAtASecondSignal(t *testing.T) {
 		args := strings.Split(os.Getenv("PLOVER_TEST_STUCK_INVOKE"), "\n")
 		os.Exit(Main(args, &Env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: os.Stderr}))
 	}
-	var srv *rawServer
-	srv = newRawServer(t, func(c net.Conn, _ *http.Request) {
-		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 4194304\r\n\r\n")
-		c.Write(make([]byte, 4<<20))
-		<-srv.release
-	})
-	dir := t.TempDir()
-	in, fifo := filepath.Join(dir, "in"), filepath.Join(dir, "fifo")
-	os.WriteFile(in, []byte("input"), 0o644)
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	rd, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0) // a reader that never reads
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rd.Close()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestInvokeStuckWritingEndsAtASecondSignal$")
-	cmd.Env = append(os.Environ(), "PLOVER_TEST_STUCK_INVOKE="+strings.Join([]string{"invoke", "f", "--server", srv.url(), "--in", in, "--out", fifo, "--timeout", "60s"}, "\n"))
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	// Stuck once the FIFO's buffer is full (the answer is far larger):
-	// what it holds has stopped growing.
-	for last, same, end := -1, 0, time.Now().Add(10*time.Second); same < 5; time.Sleep(20 * time.Millisecond) {
-		n, err := unix.IoctlGetInt(int(rd.Fd()), unix.TIOCINQ)
-		if err == nil && n > 0 && n == last {
-			same++
-		} else {
-			same = 0
-		}
-		last = n
-		if time.Now().After(end) {
-			cmd.Process.Kill()
-			<-done
-			t.Fatalf("the invoke did not fill the FIFO within 10 s: %s", stderr.Bytes())
-		}
-	}
-	for i := 0; ; i++ {
-		cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case err := <-done:
-			var ee *exec.ExitError
-			if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGINT || i != 1 {
-				t.Fatalf("after %d SIGINTs the invoke ended with %v; want it ended by the second", i+1, err)
+	for _, nohup := range []bool{false, true} {
+		t.Run(fmt.Sprintf("nohup %v", nohup), func(t *testing.T) {
+			var srv *rawServer
+			srv = newRawServer(t, func(c net.Conn, _ *http.Request) {
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 4194304\r\n\r\n")
+				c.Write(make([]byte, 4<<20))
+				<-srv.release
+			})
+			dir := t.TempDir()
+			in, fifo := filepath.Join(dir, "in"), filepath.Join(dir, "fifo")
+			os.WriteFile(in, []byte("input"), 0o644)
+			if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+				t.Fatal(err)
 			}
-			return
-		case <-time.After(2 * time.Second):
-			if i == 1 {
-				cmd.Process.Kill()
-				t.Fatal("an invoke stuck writing its output outlived two SIGINTs")
+			rd, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0) // a reader that never reads
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
+			defer rd.Close()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestInvokeStuckWritingEndsAtASecondSignal$")
+			if nohup { // as nohup starts it: the hangup ignored
+				cmd = exec.Command("sh", "-c", `trap '' HUP; exec "$@"`, "sh", os.Args[0], "-test.run=^TestInvokeStuckWritingEndsAtASecondSignal$")
+			}
+			cmd.Env = append(os.Environ(), "PLOVER_TEST_STUCK_INVOKE="+strings.Join([]string{"invoke", "f", "--server", srv.url(), "--in", in, "--out", fifo, "--timeout", "60s"}, "\n"))
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			// Stuck once the FIFO's buffer is full (the answer is far larger):
+			// what it holds has stopped growing.
+			for last, same, end := -1, 0, time.Now().Add(10*time.Second); same < 5; time.Sleep(20 * time.Millisecond) {
+				n, err := unix.IoctlGetInt(int(rd.Fd()), unix.TIOCINQ)
+				if err == nil && n > 0 && n == last {
+					same++
+				} else {
+					same = 0
+				}
+				last = n
+				if time.Now().After(end) {
+					cmd.Process.Kill()
+					<-done
+					t.Fatalf("the invoke did not fill the FIFO within 10 s: %s", stderr.Bytes())
+				}
+			}
+			if nohup {
+				// Outlives its hangup: catching SIGHUP undid nohup's ignoring.
+				cmd.Process.Signal(syscall.SIGHUP)
+				select {
+				case err := <-done:
+					t.Fatalf("an invoke whose hangup was ignored ended at a SIGHUP: %v", err)
+				case <-time.After(time.Second):
+				}
+			}
+			for i := 0; ; i++ {
+				cmd.Process.Signal(syscall.SIGINT)
+				select {
+				case err := <-done:
+					var ee *exec.ExitError
+					if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGINT || i != 1 {
+						t.Fatalf("after %d SIGINTs the invoke ended with %v; want it ended by the second", i+1, err)
+					}
+					return
+				case <-time.After(2 * time.Second):
+					if i == 1 {
+						cmd.Process.Kill()
+						t.Fatal("an invoke stuck writing its output outlived two SIGINTs")
+					}
+				}
+			}
+		})
 	}
 }
