@@ -389,6 +389,8 @@ type node struct {
 	// repoDone is closed once the repository's scans ended (at the
 	// shutdown), so that the engine closes under no deploy.
 	repoDone chan struct{}
+	// dataLock holds --data for this server (lockData) until close.
+	dataLock *os.File
 }
 
 // openNode opens the store, the bundle cache and spool, and the devices,
@@ -466,11 +468,19 @@ func (n *node) close() {
 	n.cpu.Close()
 	n.pids.Close()
 	n.mem.Close()
+	if n.dataLock != nil {
+		n.dataLock.Close() // last: the workers and their stages are gone
+	}
 }
 
 // openStorage opens the store (n.store), the node's bundle cache and the
 // spool deploys upload to.
 func (n *node) openStorage(ctx context.Context, f *serveFlags, log *slog.Logger) (*bundle.Cache, string, error) {
+	lock, err := lockData(f.data)
+	if err != nil {
+		return nil, "", err
+	}
+	n.dataLock = lock
 	storeURL := f.store
 	if storeURL == "" {
 		storeURL = "file://" + filepath.Join(f.data, "store")
