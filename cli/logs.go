@@ -55,41 +55,12 @@ func logsCmd() *command {
 			defer cancel(nil)
 			var body io.Reader
 			if follow {
-				// The stream lasts until it is interrupted, so no overall
-				// bound: a watch instead, on the answer's start and then on
-				// the keep-alives a live stream carries. Without one, a
-				// server gone without a trace held --follow forever.
-				var started atomic.Bool
-				var silence atomic.Int64 // the silence that ends it
-				silence.Store(int64(followIdle))
-				t := time.AfterFunc(followStart, func() {
-					if !started.Load() {
-						cancel(fmt.Errorf("no answer to the log request within %v: gave up waiting", followStart))
-						return
-					}
-					cancel(fmt.Errorf("the log stream from %s sent nothing for %v, though a live one sends a keep-alive line every %v: the server or the connection is gone", c.base, time.Duration(silence.Load()), followKeepAlive))
-				})
-				defer t.Stop()
-				resp, err := c.bounded(followStart).doRequest(ctx, http.MethodGet, path, "", nil, -1, nil)
+				r, done, err := openFollow(ctx, cancel, c, path)
 				if err != nil {
 					return err
 				}
-				defer resp.Body.Close()
-				started.Store(true)
-				t.Stop() // readWatch arms it while a Read waits
-				// A server that says it sends keep-alives is timed from
-				// the start: a chatty function's stream carries none (the
-				// server sends one only after a quiet followKeepAlive), and
-				// a server gone then without a FIN held --follow forever.
-				// One that does not say so is timed from its first
-				// keep-alive on (those before the header), or not at all.
-				idle := followIdle
-				every, err := time.ParseDuration(resp.Header.Get("X-Plover-Keep-Alive"))
-				if err == nil && every > 0 {
-					idle = max(idle, 3*every)
-					silence.Store(int64(idle))
-				}
-				body = &readWatch{r: resp.Body, idle: idle, t: t, on: err == nil && every > 0, prev: '\n'}
+				defer done()
+				body = r
 			} else {
 				resp, err := c.do(http.MethodGet, path, "", nil)
 				if err != nil {
@@ -117,6 +88,48 @@ func logsCmd() *command {
 			return nil
 		},
 	}
+}
+
+// openFollow opens a followed log stream at path, watched: cancel ends ctx,
+// with its cause, when the answer has not started within followStart or
+// the stream then falls silent (readWatch). done stops the watch and
+// closes the stream.
+func openFollow(ctx context.Context, cancel context.CancelCauseFunc, c *client, path string) (_ io.Reader, done func(), _ error) {
+	// The stream lasts until it is interrupted, so no overall
+	// bound: a watch instead, on the answer's start and then on
+	// the keep-alives a live stream carries. Without one, a
+	// server gone without a trace held --follow forever.
+	var started atomic.Bool
+	var silence atomic.Int64 // the silence that ends it
+	silence.Store(int64(followIdle))
+	t := time.AfterFunc(followStart, func() {
+		if !started.Load() {
+			cancel(fmt.Errorf("no answer to the log request within %v: gave up waiting", followStart))
+			return
+		}
+		cancel(fmt.Errorf("the log stream from %s sent nothing for %v, though a live one sends a keep-alive line every %v: the server or the connection is gone", c.base, time.Duration(silence.Load()), followKeepAlive))
+	})
+	resp, err := c.bounded(followStart).doRequest(ctx, http.MethodGet, path, "", nil, -1, nil)
+	if err != nil {
+		t.Stop()
+		return nil, nil, err
+	}
+	started.Store(true)
+	t.Stop() // readWatch arms it while a Read waits
+	// A server that says it sends keep-alives is timed from
+	// the start: a chatty function's stream carries none (the
+	// server sends one only after a quiet followKeepAlive), and
+	// a server gone then without a FIN held --follow forever.
+	// One that does not say so is timed from its first
+	// keep-alive on (those before the header), or not at all.
+	idle := followIdle
+	every, err := time.ParseDuration(resp.Header.Get("X-Plover-Keep-Alive"))
+	if err == nil && every > 0 {
+		idle = max(idle, 3*every)
+		silence.Store(int64(idle))
+	}
+	w := &readWatch{r: resp.Body, idle: idle, t: t, on: err == nil && every > 0, prev: '\n'}
+	return w, func() { t.Stop(); resp.Body.Close() }, nil
 }
 
 // followStart bounds the wait for a followed stream's start (the response
