@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/grpcapi"
 	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/pipeline"
 )
@@ -31,9 +32,16 @@ type frontDoor struct {
 	guard  *netguard.Listener
 }
 
-// rejectResponse is what a connection past --max-conns reads before it is
-// closed.
-var rejectResponse = unavailableResponse("the server has its maximum of open connections (--max-conns), or this client its own (--max-conns-per-client); retry")
+// capMessage says why a connection past --max-conns is refused.
+const capMessage = "the server has its maximum of open connections (--max-conns), or this client its own (--max-conns-per-client); retry"
+
+// rejectResponse is what an HTTP connection past --max-conns reads before
+// it is closed.
+var rejectResponse = unavailableResponse(capMessage)
+
+// refuseWithin bounds a refusal that must speak first (TLS, HTTP/2): a
+// client that has not read why by then is closed.
+const refuseWithin = 2 * time.Second
 
 // metricsRejectResponse is what a connection to --metrics-listen past its
 // bounds reads before it is closed.
@@ -145,7 +153,13 @@ func (d *frontDoor) listen(ctx context.Context) (net.Listener, string, error) {
 	var out net.Listener = d.guard
 	scheme := "http"
 	if d.cert.Load() != nil {
-		d.guard.Reject = nil // plain text would only garble a TLS handshake: just close
+		// Plain text would only garble a TLS handshake: the 503 goes
+		// after one, off the accepting goroutine.
+		d.guard.Refuse = refuseTLS(d.tlsConfig(), func(c net.Conn) {
+			if _, err := c.Write(rejectResponse); err == nil {
+				netguard.CloseLingering(c, c)
+			}
+		})
 		out = tls.NewListener(d.guard, d.tlsConfig())
 		scheme = "https"
 	}
@@ -186,13 +200,31 @@ func (d *frontDoor) listenGRPC(ctx context.Context) (net.Listener, *tls.Config, 
 	if err := d.refuseExposed(ctx, ln, "--grpc-listen", d.f.grpcListen, "run every function deployed here"); err != nil {
 		return nil, nil, err
 	}
-	// No canned reply past the cap: an HTTP/2 client reads a close.
-	g := &netguard.Listener{Listener: ln, Share: d.guard, OnError: d.guard.OnError, OnReject: d.guard.OnReject}
+	// Past the cap a call is answered UNAVAILABLE saying why, in
+	// HTTP/2 (and TLS first where there is a certificate).
+	refuse := func(c net.Conn) { grpcapi.Refuse(c, capMessage, time.Now().Add(refuseWithin)) }
 	var conf *tls.Config
 	if d.cert.Load() != nil {
 		conf = d.tlsConfig()
+		h2 := d.tlsConfig()
+		h2.NextProtos = []string{"h2"} // gRPC-Go's clients require it
+		refuse = refuseTLS(h2, refuse)
 	}
+	g := &netguard.Listener{Listener: ln, Share: d.guard, Refuse: refuse, OnError: d.guard.OnError, OnReject: d.guard.OnReject}
 	return g, conf, nil
+}
+
+// refuseTLS is a netguard Refuse that says why, with then, over TLS: the
+// handshake and then are bounded by refuseWithin together.
+func refuseTLS(conf *tls.Config, then func(net.Conn)) func(net.Conn) {
+	return func(c net.Conn) {
+		t := tls.Server(c, conf)
+		defer t.Close()
+		if t.SetDeadline(time.Now().Add(refuseWithin)) != nil || t.Handshake() != nil {
+			return
+		}
+		then(t)
+	}
 }
 
 // tlsConfig serves the certificate SIGHUP reloads.

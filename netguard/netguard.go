@@ -81,6 +81,14 @@ type Listener struct {
 	PerClient int
 	// Reject, if not empty, is written to a connection closed for the cap.
 	Reject []byte
+	// Refuse, if set, is handed each connection over a cap instead of
+	// Reject being written: on a goroutine of its own, so that a refusal
+	// that must speak a protocol first (a TLS handshake, HTTP/2's
+	// preface) to say why does not hold Accept. At most MaxRefusing run
+	// at once; a connection past them is closed at once. Refuse must
+	// close c and end within a bound of its own (a second or two): a
+	// refused client holds a descriptor, outside Max, while it runs.
+	Refuse func(c net.Conn)
 	// OnError, if set, is called with each accept error being retried. It
 	// runs on the accepting goroutine; rate-limit any logging in it.
 	OnError func(err error)
@@ -92,6 +100,7 @@ type Listener struct {
 	Share *Listener
 
 	open     atomic.Int64
+	refusing atomic.Int64 // Refuse calls under way
 	rejected atomic.Uint64
 	retried  atomic.Uint64
 	backoff  atomic.Int64 // the accept back-off in progress (Accept)
@@ -207,18 +216,40 @@ func (l *Listener) slots() *Listener {
 	return l
 }
 
-// reject closes c, which is over the cap, after writing Reject to it.
+// MaxRefusing is the most Refuse calls a Listener runs at once.
+const MaxRefusing = 32
+
+// reject closes c, which is over the cap, after writing Reject to it, or
+// hands it to Refuse.
 func (l *Listener) reject(c net.Conn) {
-	if len(l.Reject) > 0 {
-		if c.SetWriteDeadline(time.Now().Add(rejectWriteTimeout)) == nil {
+	switch {
+	case l.Refuse != nil && l.refusing.Add(1) <= MaxRefusing:
+		go l.refuse(c)
+	case l.Refuse != nil:
+		l.refusing.Add(-1)
+		c.Close()
+	default:
+		if len(l.Reject) > 0 && c.SetWriteDeadline(time.Now().Add(rejectWriteTimeout)) == nil {
 			c.Write(l.Reject)
 		}
+		c.Close()
 	}
-	c.Close()
 	l.rejected.Add(1)
 	if l.OnReject != nil {
 		l.OnReject()
 	}
+}
+
+// refuse runs Refuse on c; a panic in it closes c and is dropped: no
+// server recovers this goroutine, and a refusal is best effort.
+func (l *Listener) refuse(c net.Conn) {
+	defer func() {
+		if recover() != nil {
+			c.Close()
+		}
+		l.refusing.Add(-1)
+	}()
+	l.Refuse(c)
 }
 
 // Close closes the inner listener and ends a back-off in progress: Accept
@@ -451,6 +482,19 @@ func Linger(c net.Conn) bool {
 		}
 	}
 	return false
+}
+
+// CloseLingering closes c, an answer written to it, as a lingering close
+// does, in the caller's goroutine: it shuts c's write side and reads rest
+// (c, or a reader over it) until the client closes, 64 KiB were read or
+// c's deadline passes. Closed with bytes unread, a socket is reset, and a
+// reset can discard the answer before the client reads it. A c that
+// cannot shut its write side alone is just closed.
+func CloseLingering(c net.Conn, rest io.Reader) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+		io.Copy(io.Discard, io.LimitReader(rest, 64<<10))
+	}
+	c.Close()
 }
 
 // Unwrap returns the connection as accepted by the inner listener.

@@ -1587,3 +1587,74 @@ func TestReleasePastGivesBackMoreThanMax(t *testing.T) {
 	var nilBudget *Budget
 	nilBudget.ReleasePast(10)
 }
+
+// TestRefuseRunsBesideAccept: a Refuse that takes its time holds neither
+// Accept nor the served clients; at most MaxRefusing run at once, a
+// connection past them is closed at once; a Refuse that panics closes its
+// connection and gives its place back.
+func TestRefuseRunsBesideAccept(t *testing.T) {
+	ln := NewListener(listenLoopback(t), 1)
+	release := make(chan struct{})
+	var inRefuse atomic.Int64
+	ln.Refuse = func(c net.Conn) {
+		defer c.Close()
+		var b [1]byte
+		if _, err := io.ReadFull(c, b[:]); err == nil && b[0] == '!' {
+			panic("a refusal's bug")
+		}
+		inRefuse.Add(1)
+		<-release
+		c.Write([]byte("why"))
+	}
+	done := serveEcho(ln)
+	addr := ln.Addr().String()
+	held, ok := dialServed(t, addr, nil)
+	if !ok {
+		t.Fatal("the first connection was not served")
+	}
+	dialSent := func(b string) net.Conn {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte(b))
+		return c
+	}
+	var waiting []net.Conn
+	for range MaxRefusing {
+		waiting = append(waiting, dialSent("?"))
+	}
+	waitFor(t, 10*time.Second, "every Refuse under way", func() bool { return inRefuse.Load() == MaxRefusing })
+	past := dialSent("") // nothing unread: closed, not reset
+	past.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if b, err := io.ReadAll(past); len(b) != 0 || err != nil {
+		t.Fatalf("a connection past %d refusals under way read %q, %v; want it closed at once", MaxRefusing, b, err)
+	}
+	held.Close()
+	waitFor(t, 5*time.Second, "the held slot freed", func() bool { return ln.Open() == 0 })
+	if c, ok := dialServed(t, addr, nil); !ok {
+		t.Fatal("not served while refusals were under way")
+	} else {
+		held = c
+	}
+	close(release)
+	for _, c := range waiting {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if b, err := io.ReadAll(c); string(b) != "why" || err != nil {
+			t.Fatalf("a refused connection read %q, %v; want Refuse's answer", b, err)
+		}
+		c.Close()
+	}
+	bad := dialSent("!")
+	bad.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if b, err := io.ReadAll(bad); len(b) != 0 || err != nil {
+		t.Fatalf("the connection of a Refuse that panicked read %q, %v; want it closed", b, err)
+	}
+	waitFor(t, 5*time.Second, "the refusals' places given back", func() bool { return ln.refusing.Load() == 0 })
+	if got, want := ln.Rejected(), uint64(MaxRefusing+2); got != want {
+		t.Errorf("Rejected() = %d, want %d", got, want)
+	}
+	held.Close()
+	ln.Close()
+	<-done
+}
