@@ -375,6 +375,29 @@ func landedPast(err error, how string) string {
 // requests finish. A function that pipelines run is refused (409 naming
 // them) unless force is set: their requests would fail at its step.
 func (c *Control) Delete(ctx context.Context, name string, force bool) error {
+	return c.deleteIf(ctx, name, force, nil)
+}
+
+// DeleteCurrent is Delete, without force, of a function whose current
+// version is still version as the delete reads its record: one that a
+// deploy or rollback made another current since is left alone (409). A
+// caller that decided from an earlier read that the function is its own
+// to delete (the model repository) so never deletes what another deploy
+// landed meanwhile, but for one store call's window.
+func (c *Control) DeleteCurrent(ctx context.Context, name, version string) error {
+	return c.deleteIf(ctx, name, false, func(r *api.Record) error {
+		if r == nil || r.Current != version {
+			cur := "none readable"
+			if r != nil {
+				cur = r.Current
+			}
+			return errorf(errdefs.KindConflict, nil, "function %s is left alone: its current version is %s now, not %s, which the delete was for (deployed or rolled back since)", name, cur, version)
+		}
+		return nil
+	})
+}
+
+func (c *Control) deleteIf(ctx context.Context, name string, force bool, cond func(*api.Record) error) error {
 	e := c.e
 	sctx, cancel := storeCtx(ctx)
 	defer cancel()
@@ -388,7 +411,9 @@ func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 		}
 	}
 	at := e.tab.at() // before the store changes: see land
-	switch _, err := e.tab.reg.Delete(sctx, name); {
+	switch _, err := e.tab.reg.DeleteIf(sctx, name, cond); {
+	case errdefs.KindOf(err) == errdefs.KindConflict:
+		return err
 	case errors.Is(err, registry.ErrBundlesKept):
 		// The record is gone, so the function is: the bundles left are
 		// gc's, not the caller's to retry (a retry answers 404).

@@ -75,3 +75,28 @@ func testDeleteKept(t *testing.T, store *downAfterRecord) {
 		t.Fatalf("invoke after the delete: %v, want 404", err)
 	}
 }
+
+// DeleteCurrent deletes only while the version it names is current: a
+// deploy that made another current since is left alone (409 naming both),
+// the function serving on; naming the current one deletes it.
+func TestDeleteCurrentLeavesWhatLandedSince(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	dir := testkit.BundleDir(t, testkit.Manifest("fn"), nil)
+	first := testkit.Deploy(t, e, dir)
+	second := testkit.ForceDeploy(t, e, dir)
+	ctx := context.Background()
+	err := e.Control().DeleteCurrent(ctx, "fn", first.Version)
+	var re *errdefs.Error
+	if !errors.As(err, &re) || re.Kind != errdefs.KindConflict || !strings.Contains(re.Msg, second.Version) {
+		t.Fatalf("DeleteCurrent of the version before the current one: %v; want a conflict naming %s", err, second.Version)
+	}
+	if err := e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}); err != nil {
+		t.Fatalf("invoke after a refused DeleteCurrent: %v", err)
+	}
+	if err := e.Control().DeleteCurrent(ctx, "fn", second.Version); err != nil {
+		t.Fatalf("DeleteCurrent of the current version: %v", err)
+	}
+	if _, err := e.Control().Versions(ctx, "fn"); errdefs.KindOf(err) != errdefs.KindNotFound {
+		t.Fatalf("the record after DeleteCurrent: %v; want it gone", err)
+	}
+}

@@ -563,9 +563,23 @@ const BundleGrace = time.Minute
 // it named is unknown, so they are left to gc. While another record does
 // not decode, none of name's bundles is deleted: that record may name them.
 func (g Registry) Delete(ctx context.Context, name string) ([]string, error) {
+	return g.DeleteIf(ctx, name, nil)
+}
+
+// DeleteIf is Delete where cond, given the record as read just before the
+// delete (nil for one that does not decode), allows it: its error is
+// returned, nothing deleted. The store has no conditional delete, so a
+// write landing between that read and the delete is still lost: the
+// window is one store call, not the caller's own reads before.
+func (g Registry) DeleteIf(ctx context.Context, name string, cond func(*api.Record) error) ([]string, error) {
 	r, err := g.Get(ctx, name)
 	if err != nil && !errors.Is(err, ErrCorruptRecord) {
 		return nil, err
+	}
+	if cond != nil {
+		if err := cond(r); err != nil {
+			return nil, err
+		}
 	}
 	if err := g.Store.Delete(ctx, recordKey(name)); err != nil {
 		return nil, fmt.Errorf("function %s: delete record: %w", name, err)

@@ -60,10 +60,27 @@ func (r *Repository) deleteOurs(ctx context.Context, name string) error {
 	if over != "" {
 		return errdefs.New(errdefs.KindConflict, nil, "function %s had a version deployed otherwise (plover deploy) current when its folder took it over (%s, the last time), so it is not the repository's to delete; it serves on: plover rollback %s VERSION gives it back one of its versions (plover versions %s lists them; then unload it again if its folder is still there), plover rm %s deletes it", name, over, name, name, name)
 	}
-	if err := r.node.Delete(ctx, name, false); err != nil && errdefs.KindOf(err) != errdefs.KindNotFound {
-		return err
+	// Its owner decided from an earlier read (labelledErr, stillOurs):
+	// a plover deploy that landed since made an unlabelled version
+	// current, and is left alone, as it would have been a read earlier.
+	if v, err := rec.CurrentVersion(); err != nil || v.Label == "" {
+		r.cfg.Log.Info("model repository: its function was deployed otherwise since (plover deploy): left alone", "model", name)
+		return nil
 	}
-	return nil
+	err = r.node.DeleteCurrent(ctx, name, rec.Current)
+	switch errdefs.KindOf(err) {
+	case errdefs.KindNotFound:
+		return nil
+	case errdefs.KindConflict:
+		if again, rerr := r.node.Versions(ctx, name); rerr == nil && again.Current != rec.Current {
+			// Made current by a deploy or rollback between this read
+			// and the delete's: whoever did it has the function now;
+			// the next unload or scan decides again from its label.
+			r.cfg.Log.Info("model repository: its function's current version changed as it was deleted: left alone", "model", name, "error", err)
+			return nil
+		}
+	}
+	return err
 }
 
 // errNoBundle is a model folder with no bundle: no manifest at its top

@@ -48,7 +48,10 @@ type Node interface {
 	DeployLabeled(ctx context.Context, name, label string, aside bool, body io.Reader) (api.FunctionInfo, error)
 	Versions(ctx context.Context, name string) (*api.Record, error)
 	Rollback(ctx context.Context, name, version string) (api.FunctionInfo, error)
-	Delete(ctx context.Context, name string, force bool) error
+	// DeleteCurrent removes name's function only while its current
+	// version is version (409 else): what the repository decided was its
+	// own is not what a deploy landed since.
+	DeleteCurrent(ctx context.Context, name, version string) error
 	// Unlabel takes a version folder's label off the function's versions
 	// but the current one: the folder went.
 	Unlabel(ctx context.Context, name, label string) error

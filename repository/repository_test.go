@@ -101,6 +101,18 @@ func (f *fakeNode) Delete(ctx context.Context, name string, force bool) error {
 	return nil
 }
 
+// DeleteCurrent is the engine's: Delete while name's current version is
+// version, else a conflict.
+func (f *fakeNode) DeleteCurrent(ctx context.Context, name, version string) error {
+	f.mu.Lock()
+	rec := f.recs[name]
+	f.mu.Unlock()
+	if rec != nil && rec.Current != version {
+		return errdefs.New(errdefs.KindConflict, nil, "function %s is left alone: its current version is %s now, not %s", name, rec.Current, version)
+	}
+	return f.Delete(ctx, name, false)
+}
+
 func (f *fakeNode) Unlabel(ctx context.Context, name, label string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

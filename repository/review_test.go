@@ -249,16 +249,14 @@ type failingDelete struct {
 	*fakeNode
 	fails int
 	err   error
-	force []bool
 }
 
-func (f *failingDelete) Delete(ctx context.Context, name string, force bool) error {
-	f.force = append(f.force, force)
+func (f *failingDelete) DeleteCurrent(ctx context.Context, name, version string) error {
 	if f.fails > 0 {
 		f.fails--
 		return f.err
 	}
-	return f.fakeNode.Delete(ctx, name, force)
+	return f.fakeNode.DeleteCurrent(ctx, name, version)
 }
 
 // A removed folder whose function's delete failed stays, UNAVAILABLE with
@@ -428,14 +426,14 @@ func TestLoadFailureKind(t *testing.T) {
 // while "zpipe" (a pipeline running it) is there.
 type pipeNode struct{ *fakeNode }
 
-func (p pipeNode) Delete(ctx context.Context, name string, force bool) error {
+func (p pipeNode) DeleteCurrent(ctx context.Context, name, version string) error {
 	p.mu.Lock()
 	used := p.recs["zpipe"] != nil
 	p.mu.Unlock()
-	if name == "step" && used && !force {
+	if name == "step" && used {
 		return errdefs.New(errdefs.KindConflict, nil, "function step is a step of pipeline zpipe")
 	}
-	return p.fakeNode.Delete(ctx, name, force)
+	return p.fakeNode.DeleteCurrent(ctx, name, version)
 }
 
 // A removed folder whose function a pipeline runs is not deleted with
