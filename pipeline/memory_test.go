@@ -174,7 +174,7 @@ func TestAPipelineHoldsWhatItReckons(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	const big = 64 << 20
 	m := testkit.Slow("s", 60)
-	m.MaxInputBytes, m.OutBytes = big, big
+	m.MaxInputBytes, m.OutBytes = 2*big, big // 2*big: d's output, in "kept"
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	testkit.Deploy(t, e, pipelineDir(t, "three", "s", "s", "s"))
 	testkit.Deploy(t, e, pipelineDir(t, "one", "s"))
@@ -189,6 +189,13 @@ func TestAPipelineHoldsWhatItReckons(t *testing.T) {
 	// The 64 MiB array a small step wrote its 256 bytes into was the
 	// next step's input, kept whole beside the last's output (a review).
 	testkit.Deploy(t, e, pipelineDir(t, "shrink", "s", "small", "small", "s"))
+	// d's output is the join's size: seq kept its buffer for the join two
+	// stages on, live while the branches ran, where the reckoning counts
+	// the join after them (a review measured 448 MiB for 320 reckoned).
+	d := testkit.Slow("d", 10)
+	d.MaxInputBytes, d.OutBytes = big, 2*big
+	testkit.Deploy(t, e, testkit.BundleDir(t, d, nil))
+	testkit.Deploy(t, e, pipelineDir(t, "kept", "d", "s", map[string]any{"parallel": []string{"two", "two"}}, "t"))
 	run := runner(e)
 	// Slack: with two branches handing off steps at once, two collections
 	// in a row, slow on a busy machine, can each keep a buffer one of them
@@ -204,6 +211,7 @@ func TestAPipelineHoldsWhatItReckons(t *testing.T) {
 		{"three", 2 * big, slack},
 		{"wide", 4 * big, big + slack}, // two threes at once, then their join beside their outputs
 		{"shrink", big + 256, slack},   // a large output, small ones (256 bytes out), a large one
+		{"kept", 5 * big, big + slack}, // s's output beside two twos at once, then their join beside their outputs
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			invoke := func() {

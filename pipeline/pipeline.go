@@ -352,6 +352,18 @@ func (x *run) seq(ctx context.Context, stages []stage, in, out []byte, steps *[]
 		} else {
 			if bufs[i%2] == nil {
 				bufs[i%2] = x.r.getBuf()
+			} else if st.par != nil && cap(*bufs[i%2]) > keptBuf {
+				// The output of the stage before the one before, which
+				// fitting keeps where its size is the join's: a parallel
+				// stage's join would hold it while the branches run, and
+				// Pin.Holds counts the join only once they have ended
+				// (stageHolds: 2*out). Dropped here, the join is made
+				// whole after them (parallel), at every nesting, since a
+				// branch is walked by seq too. Not counted instead: that
+				// would count a join most stages never keep. The last
+				// stage writes the caller's buffer, not this one (above);
+				// one up to keptBuf is the pool's, as a fresh one is.
+				*bufs[i%2] = nil
 			}
 			dst = fitting(bufs[i%2], st.out)
 		}
