@@ -32,6 +32,9 @@ const goneInterval = 20 * time.Millisecond
 var (
 	errWaited     = errors.New("pipeline: waited its most for room")
 	errClientGone = errors.New("pipeline: the client went away")
+	// errGonePanicked ends a wait whose req.Gone panicked: hold raises
+	// the panic, not an error of this.
+	errGonePanicked = errors.New("pipeline: the request's Gone check panicked")
 )
 
 // memoryWait is the most a pipeline request waits for room in its node's
@@ -114,33 +117,22 @@ func (x *run) hold(ctx context.Context) (release func(), waited time.Duration, e
 	}
 	wctx, cancel := context.WithDeadlineCause(ctx, until, errWaited)
 	defer cancel()
+	stop := func() *errdefs.Panic { return nil }
 	if x.gone != nil {
 		// A client that leaves gives its place up, as in the engine's
 		// queues: not a 503 5 s later, nor room taken for no one.
-		gctx, gcancel := context.WithCancelCause(wctx)
-		wctx = gctx
-		polled := make(chan struct{})
-		go func() {
-			defer close(polled)
-			tk := time.NewTicker(goneInterval)
-			defer tk.Stop()
-			for {
-				select {
-				case <-gctx.Done():
-					return
-				case <-tk.C:
-					if gctx.Err() == nil && x.gone() {
-						gcancel(errClientGone)
-						return
-					}
-				}
-			}
-		}()
+		wctx, stop = x.pollGone(wctx)
 		// Ended before hold returns: req.Gone reads the request's
 		// connection, which serves another request once it is answered.
-		defer func() { gcancel(nil); <-polled }()
+		defer stop()
 	}
 	err = acquire(wctx, n)
+	if p := stop(); p != nil {
+		if err == nil { // room granted as Gone panicked: not kept
+			m.Release(n)
+		}
+		panic(p)
+	}
 	waited = time.Since(start)
 	switch cause := context.Cause(wctx); {
 	case err == nil:
@@ -158,6 +150,45 @@ func (x *run) hold(ctx context.Context) (release func(), waited time.Duration, e
 		return nil, waited, &apierr.Error{Status: apierr.Unavailable, Msg: fmt.Sprintf("pipeline %s: no room for its steps' outputs (%s at most at once) within %v: it needs the whole of plover serve --max-pipeline-memory (%s), so it runs only while no other pipeline request holds any; retry shortly", x.pl.name, mib(n), memoryWait, mib(most))}
 	}
 	return nil, waited, &apierr.Error{Status: apierr.Unavailable, Msg: fmt.Sprintf("pipeline %s: no room for its steps' outputs (%s at most at once) among what the server's pipelines hold (plover serve --max-pipeline-memory) within %v; retry shortly", x.pl.name, mib(n), memoryWait)}
+}
+
+// pollGone is ctx, cancelled (errClientGone) once x.gone says the
+// request's client left, asked every goneInterval on a goroutine of its
+// own; stop ends that goroutine, and returns a panic x.gone raised there
+// (a bug in the transport's check), which cancelled ctx too, for hold to
+// raise on the request's goroutine, whose transport recovers it: here it
+// ended the process, every tenant's requests with it. stop may be called
+// again.
+func (x *run) pollGone(ctx context.Context) (gctx context.Context, stop func() *errdefs.Panic) {
+	gctx, gcancel := context.WithCancelCause(ctx)
+	polled := make(chan struct{})
+	var panicked *errdefs.Panic // written before polled closes
+	go func() {
+		defer close(polled)
+		defer func() {
+			if panicked = errdefs.Recovered(recover()); panicked != nil {
+				gcancel(errGonePanicked)
+			}
+		}()
+		tk := time.NewTicker(goneInterval)
+		defer tk.Stop()
+		for {
+			select {
+			case <-gctx.Done():
+				return
+			case <-tk.C:
+				if gctx.Err() == nil && x.gone() {
+					gcancel(errClientGone)
+					return
+				}
+			}
+		}
+	}()
+	return gctx, func() *errdefs.Panic {
+		gcancel(nil)
+		<-polled
+		return panicked
+	}
 }
 
 // wholeWait is Acquire for a request that needs the whole budget (or more,

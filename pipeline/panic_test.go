@@ -19,6 +19,7 @@ import (
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/pipeline"
 )
@@ -206,5 +207,45 @@ func TestARecordWithNoStepsFailsItsRequests(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A panic in the request's Gone check (a bug in its transport's) while it
+// waits for room in --max-pipeline-memory was raised on the goroutine that
+// polls it, where nothing recovered it: the process ended. It is raised on
+// the request's goroutine, for its transport to recover, as soon as it
+// happens; the request holds none of the budget, and the next is served.
+func TestAGonePanicWhileWaitingForRoomReachesTheRequest(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("a"), nil))
+	testkit.Deploy(t, e, pipelineDir(t, "p", "a", "a"))
+	mem := netguard.NewOrderedBudget(1 << 20)
+	if err := mem.Acquire(context.Background(), 1<<20); err != nil { // others' requests hold it all
+		t.Fatal(err)
+	}
+	r := pipeline.New(e, nil)
+	r.Bound(mem)
+	invoke := func(gone func() bool) (panicked any, err error) {
+		defer func() { panicked = recover() }()
+		return nil, r.Invoke(context.Background(), "p", &call.Request{Input: []byte("abcdefgh"),
+			Deadline: time.Now().Add(30 * time.Second), Gone: gone})
+	}
+	start := time.Now()
+	p, err := invoke(func() bool { panic("a bug in the transport's Gone check") })
+	if pv, ok := p.(*errdefs.Panic); !ok || pv.Value != "a bug in the transport's Gone check" {
+		t.Fatalf("a request whose Gone panicked while it waited: panic %v, err %v; want Gone's panic", p, err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("the panic reached the request %v after it began waiting, want at once", took)
+	}
+	if got := mem.InUse(); got != 1<<20 {
+		t.Errorf("%d bytes of the budget in use after the panic, want %d (the others' alone)", got, 1<<20)
+	}
+	mem.Release(1 << 20)
+	if p, err := invoke(func() bool { return false }); p != nil || err != nil {
+		t.Fatalf("the next request: panic %v, err %v", p, err)
+	}
+	if got := mem.InUse(); got != 0 {
+		t.Errorf("%d bytes of the budget in use after the next request, want 0", got)
 	}
 }
