@@ -80,15 +80,26 @@ func Hidden(err error, sees func(string) bool) (msg string, ok bool) {
 func shown(label string, sees func(string) bool) bool {
 	path, branches, par := strings.Cut(label, "parallel(")
 	if !par {
-		return reqmetrics.StepShown(&call.StepTiming{Step: label}, sees)
+		return stepShown(label, sees)
 	}
 	for b := range strings.SplitSeq(strings.TrimSuffix(branches, ")"), ", ") {
-		fn, _, _ := strings.Cut(b, "@") // a pinned version's id: not a name
-		if !reqmetrics.StepShown(&call.StepTiming{Step: path + fn}, sees) {
+		if !stepShown(path+b, sees) {
 			return false
 		}
 	}
 	return true
+}
+
+// stepShown reports whether sees takes every name a function's step's
+// label mentions ("cnn", "inner/cnn"), a pinned version's id left out:
+// not a name. A step that failed as its request was planned is labelled
+// as written ("cnn@3f1c9a2e", expand), and matched whole it told a token
+// that may use cnn that it may not, not why the step failed (its 404 or
+// 503). Only the last segment holds one: expand names nested pipelines
+// alone, and names hold no '@' (abi.ValidName).
+func stepShown(label string, sees func(string) bool) bool {
+	fn, _, _ := strings.Cut(label, "@")
+	return reqmetrics.StepShown(&call.StepTiming{Step: fn}, sees)
 }
 
 // StepRef is a pipeline's step whose bound a refusal names (Pin.InputBound);
