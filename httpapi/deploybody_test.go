@@ -154,6 +154,9 @@ func TestInvokeBodyFieldsAndLongTimeouts(t *testing.T) {
 		{"timeout header past 32 bits", `{"input":"aGk="}`, "4294967296", 200, ""},
 		{"timeout header past 64 bits", `{"input":"aGk="}`, "18446744073709551616", 200, ""},
 		{"timeout header not a number", `{"input":"aGk="}`, "soon", 400, `must be a positive number of milliseconds`},
+		{"closing brackets after the object", `{"input":"aGk="}]]}}`, "", 400, `trailing data after the JSON object (4 bytes)`},
+		{"whitespace after the object", "{\"input\":\"aGk=\"} \r\n\t", "", 200, ""},
+		{"an unknown field", `{"input":"aGk=","inptu":""}`, "", 400, `body: has an unknown field \"inptu\"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req, _ := http.NewRequest("POST", url, strings.NewReader(tc.body))

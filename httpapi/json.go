@@ -65,8 +65,10 @@ func parseInvokeBody(body []byte, name string) ([]byte, *call.Override, *invokeB
 	if err := dec.Decode(&b); err != nil {
 		return nil, nil, nil, badField("body", bodyReason(err))
 	}
-	if dec.More() {
-		return nil, nil, nil, badField("body", "trailing data after the JSON object")
+	// Whitespace alone may follow, as in /v2's header: More takes a
+	// closing bracket for the end, and ran a body like {"input":...}]]}.
+	if rest := body[dec.InputOffset():]; len(bytes.TrimLeft(rest, " \t\r\n")) > 0 {
+		return nil, nil, nil, badField("body", fmt.Sprintf("trailing data after the JSON object (%d bytes)", len(rest)))
 	}
 	pyplover := b.Inputs != nil || b.FuncNames != nil || b.GridSizes != nil || b.BlockSizes != nil || b.OutputSize != nil || b.TmpSize != nil || b.Name != nil
 	native := b.Input != nil || b.Chain != nil || b.OutBytes != nil || b.TmpBytes != nil

@@ -116,7 +116,11 @@ func (s *Server) repository(ctx *fasthttp.RequestCtx) {
 func bodyReason(err error) string {
 	var te *json.UnmarshalTypeError
 	if !errors.As(err, &te) {
-		return "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")
+		msg := strings.TrimPrefix(err.Error(), "json: ")
+		if strings.HasPrefix(msg, "unknown field ") { // valid JSON, a field this route does not take
+			return "has an " + msg
+		}
+		return "invalid JSON: " + msg
 	}
 	is := "is " + article(shown(te.Value)) // "number 1000...": a number as long as the body
 	if te.Field == "" {

@@ -186,6 +186,7 @@ func TestOpenInferenceProtocol(t *testing.T) {
 		{"an unknown version", "/v2/models/typed/versions/00000000/infer", `{"inputs":[]}`, 404, "has no version"},
 		{"missing input", "/v2/models/typed/infer", `{"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[1,2,3,4]}]}`, 400, `input "y" is missing`},
 		{"unknown input", "/v2/models/echo/infer", `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[1],"data":[1]},{"name":"extra","datatype":"UINT8","shape":[1],"data":[1]}]}`, 400, `input "extra" is not one of the model's inputs`},
+		{"no datatype", "/v2/models/echo/infer", `{"inputs":[{"name":"INPUT0","shape":[1],"data":[1]}]}`, 400, `input "INPUT0": no datatype given; the model takes UINT8`},
 		{"wrong datatype", "/v2/models/echo/infer", `{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1],"data":[1]}]}`, 400, "datatype FP32, the model takes UINT8"},
 		{"wrong shape", "/v2/models/typed/infer", `{"inputs":[{"name":"x","datatype":"FP32","shape":[4],"data":[1,2,3,4]},{"name":"y","datatype":"INT16","shape":[1],"data":[1]}]}`, 400, "shape [4] has 1 dimensions"},
 		{"element count", "/v2/models/echo/infer", `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[3],"data":[1,2]}]}`, 400, `input "INPUT0": inputs[0].data holds 2 elements, its shape holds 3`},

@@ -179,6 +179,9 @@ func AddSize(total, size int64) int64 {
 // name): the datatype, the shape, and that its byte size fits an int64,
 // which it returns. Errors name the input.
 func CheckInput(datatype string, shape []int64, d abi.Tensor) (int64, error) {
+	if datatype == "" {
+		return 0, fmt.Errorf("input %q: no datatype given; the model takes %s", d.Name, d.Datatype)
+	}
 	if datatype != d.Datatype {
 		return 0, fmt.Errorf("input %q: datatype %s, the model takes %s", d.Name, errdefs.KeptName(datatype), d.Datatype)
 	}
