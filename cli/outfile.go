@@ -101,14 +101,15 @@ func createOut(path string, env *Env) (*outFile, error) {
 	return o, nil
 }
 
-// tempBeside makes a temporary file in dir for base. It is made with O_EXCL
-// at 0666 rather than by os.CreateTemp (0600), so that a new file renamed
-// into place gets the umask's mode, as os.Create gave it. A variable for
-// the tests.
+// tempBeside makes a temporary file in dir for base, at 0600: it holds
+// FILE's new contents, which at 0666&umask others could read while they
+// were written (and in one left behind) beside a FILE that was 0600.
+// commit gives it FILE's mode, which a FILE made for the output got from
+// the umask, as os.Create gives it. A variable for the tests.
 var tempBeside = func(dir, base string) (*os.File, error) {
 	for i := 0; ; i++ {
 		name := filepath.Join(dir, fmt.Sprintf(".%s.plover-%d-%d", base, os.Getpid(), i))
-		f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o666) // read back by a copy in place
+		f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600) // read back by a copy in place
 		if err == nil || !errors.Is(err, fs.ErrExist) || i == 100 {
 			return f, err
 		}

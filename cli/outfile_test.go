@@ -1,0 +1,85 @@
+package cli
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// echoOut is a server that answers every invoke outAnswer, whole.
+func echoOut(t *testing.T) *rawServer {
+	return newRawServer(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 6\r\n\r\n"+outAnswer)
+	})
+}
+
+// inFile is an input file for an invoke.
+func inFile(t *testing.T) string {
+	in := filepath.Join(t.TempDir(), "in")
+	if err := os.WriteFile(in, []byte("input"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
+
+// tempsIn is the temporary files beside base in dir.
+func tempsIn(dir, base string) []string {
+	ents, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "."+base+".plover-") {
+			names = append(names, e.Name())
+		}
+	}
+	return names
+}
+
+// --out's temporary file is 0600 while the output is written: made
+// 0666&umask (0644), it let others read a 0600 FILE's new contents beside
+// it, and kept them readable where it was left behind. A FILE made for the
+// output still gets the umask's mode.
+func TestInvokeOutTemporaryFileIsPrivate(t *testing.T) {
+	defer syscall.Umask(syscall.Umask(0o022)) // 0644 unless made 0600
+	for _, tt := range []struct {
+		name      string
+		old       bool // FILE there before, 0600
+		wantFinal os.FileMode
+	}{{"a 0600 FILE", true, 0o600}, {"a new FILE", false, 0o644}} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			out := filepath.Join(dir, "secret.bin")
+			if tt.old {
+				writeOwned(t, out, "old secret", 0o600, 0)
+			}
+			modes := make(chan os.FileMode, 1)
+			srv := newRawServer(t, func(c net.Conn, _ *http.Request) {
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 17\r\n\r\nSECRET-")
+				time.Sleep(50 * time.Millisecond) // written to the temporary file
+				mode := os.FileMode(0o7777)
+				if names := tempsIn(dir, "secret.bin"); len(names) == 1 {
+					if fi, err := os.Stat(filepath.Join(dir, names[0])); err == nil {
+						mode = fi.Mode().Perm()
+					}
+				}
+				modes <- mode
+				io.WriteString(c, "PART-DONE!")
+			})
+			if _, errs, code := runMain(t, nil, "invoke", "f", "--server", srv.url(), "--in", inFile(t), "--out", out); code != 0 {
+				t.Fatalf("exit %d, stderr %q", code, errs)
+			}
+			if m := <-modes; m != 0o600 {
+				t.Errorf("the temporary file was %v while the output was written; want 0600 (7777: none, or more than one)", m)
+			}
+			fileHolds(t, out, "SECRET-PART-DONE!")
+			if fi, err := os.Stat(out); err != nil || fi.Mode().Perm() != tt.wantFinal {
+				t.Errorf("%s: %v (%v); want %v", out, fi.Mode(), err, tt.wantFinal)
+			}
+		})
+	}
+}
