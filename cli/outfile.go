@@ -174,24 +174,42 @@ func sameStream(fi os.FileInfo, env *Env) io.Writer {
 	return nil
 }
 
-// linkTarget is the file path names, its links followed, whether or not
-// that file is there: a dangling link's target is where os.Create would
-// make it.
+// linkTarget is the file path names, its links followed as the kernel
+// follows them, whether or not that file is there: a dangling link's
+// target is where os.Create would make it. Nothing is cleaned before its
+// links are followed: the kernel takes link/.. as the parent of link's
+// target, where filepath.Clean takes it as link's own directory (a new
+// FILE named dir/link/../f was made in dir, not beside link's target).
 func linkTarget(p string) string {
 	for range 40 { // the kernel's own bound on links followed
-		if d, err := filepath.EvalSymlinks(filepath.Dir(p)); err == nil {
-			p = filepath.Join(d, filepath.Base(p))
+		dir, base := splitPath(p)
+		if d, err := filepath.EvalSymlinks(dir); err == nil { // follows links before each ..
+			p = filepath.Join(d, base)
 		}
 		l, err := os.Readlink(p)
 		if err != nil {
 			return p
 		}
 		if !filepath.IsAbs(l) {
-			l = filepath.Join(filepath.Dir(p), l)
+			dir, _ := splitPath(p)
+			l = dir + "/" + l // not Join: it would clean a .. in l before the links before it
 		}
 		p = l
 	}
 	return p
+}
+
+// splitPath is p's directory and last element, as the kernel reads them:
+// nothing cleaned.
+func splitPath(p string) (dir, base string) {
+	i := strings.LastIndexByte(p, '/')
+	switch {
+	case i < 0:
+		return ".", p
+	case i == 0:
+		return "/", p[1:]
+	}
+	return p[:i], p[i+1:]
 }
 
 func (o *outFile) Write(p []byte) (int, error) { return o.w.Write(p) }

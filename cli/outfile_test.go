@@ -83,3 +83,40 @@ func TestInvokeOutTemporaryFileIsPrivate(t *testing.T) {
 		})
 	}
 }
+
+// A new FILE named through link/.. is made where the kernel makes it, in
+// the parent of link's target: the path was cleaned before its links were
+// followed, and it was made in link's own directory. So is a dangling
+// link's target that holds a link/..
+func TestInvokeOutThroughALinksParent(t *testing.T) {
+	srv := echoOut(t)
+	dd := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dd, "real", "deep"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("real/deep", filepath.Join(dd, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("link/../made.bin", filepath.Join(dd, "dangling")); err != nil {
+		t.Fatal(err)
+	}
+	// Where the kernel makes them: real/, not dd/.
+	if err := os.WriteFile(dd+"/link/../shell.bin", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dd, "real", "shell.bin")); err != nil {
+		t.Fatalf("the kernel made link/../shell.bin elsewhere: %v", err)
+	}
+	for _, tt := range []struct{ out, made string }{
+		{dd + "/link/../cli.bin", "cli.bin"},
+		{dd + "/dangling", "made.bin"},
+	} {
+		if _, errs, code := runMain(t, nil, "invoke", "f", "--server", srv.url(), "--in", inFile(t), "--out", tt.out); code != 0 {
+			t.Fatalf("--out %s: exit %d, stderr %q", tt.out, code, errs)
+		}
+		fileHolds(t, filepath.Join(dd, "real", tt.made), outAnswer)
+		if _, err := os.Lstat(filepath.Join(dd, tt.made)); err == nil {
+			t.Errorf("--out %s made %s in %s; want it in real/ alone", tt.out, tt.made, dd)
+		}
+	}
+}
