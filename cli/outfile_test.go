@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // echoOut is a server that answers every invoke outAnswer, whole.
@@ -118,5 +120,45 @@ func TestInvokeOutThroughALinksParent(t *testing.T) {
 		if _, err := os.Lstat(filepath.Join(dd, tt.made)); err == nil {
 			t.Errorf("--out %s made %s in %s; want it in real/ alone", tt.out, tt.made, dd)
 		}
+	}
+}
+
+// A FILE with a set-id or sticky bit, or extended attributes, is written
+// in place, the same file: a rename over it would drop them (renamable).
+func TestInvokeOutKeepsSetIDAndXattrFiles(t *testing.T) {
+	srv := echoOut(t)
+	for _, tt := range []struct {
+		name string
+		mode os.FileMode // as os.Chmod takes it
+		attr bool
+	}{
+		{"setuid", 0o644 | os.ModeSetuid, false},
+		{"setgid", 0o644 | os.ModeSetgid, false},
+		{"sticky", 0o644 | os.ModeSticky, false},
+		{"an extended attribute", 0o644, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "f")
+			writeOwned(t, out, "the old output", 0o644, 0)
+			if err := os.Chmod(out, tt.mode); err != nil {
+				t.Fatal(err)
+			}
+			if tt.attr {
+				if err := unix.Setxattr(out, "user.plover-test", []byte("kept"), 0); err != nil {
+					t.Skipf("no user extended attributes here: %v", err)
+				}
+			}
+			before, err := os.Stat(out)
+			if err != nil || before.Mode() != tt.mode {
+				t.Skipf("%s: mode %v (%v); cannot set %v here", out, before.Mode(), err, tt.mode)
+			}
+			if _, errs, code := runMain(t, nil, "invoke", "f", "--server", srv.url(), "--in", inFile(t), "--out", out); code != 0 {
+				t.Fatalf("exit %d, stderr %q", code, errs)
+			}
+			fileHolds(t, out, outAnswer)
+			if after, err := os.Stat(out); err != nil || !os.SameFile(before, after) {
+				t.Errorf("%s is another file now (%v): renamed over, not written in place", out, err)
+			}
+		})
 	}
 }
