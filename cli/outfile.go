@@ -254,8 +254,8 @@ func (o *outFile) commit() error {
 	if o.closed {
 		return nil
 	}
-	o.closed = true
 	if o.tmp == nil {
+		o.closed = true
 		if o.dst == nil {
 			return nil
 		}
@@ -264,23 +264,63 @@ func (o *outFile) commit() error {
 		}
 		return nil
 	}
-	defer o.dst.Close()
-	defer o.tmp.Close()
 	if o.renamable() {
-		fi, err := o.dst.Stat()
-		if err == nil {
-			err = o.tmp.Chmod(fi.Mode().Perm())
-		}
-		if err == nil && os.Rename(o.tmp.Name(), o.path) == nil {
+		renamed, err := o.renameOver()
+		switch {
+		case err != nil:
+			o.abort() // a no-op where renameOver kept the output
+			return err
+		case renamed:
+			o.closed = true
+			o.dst.Close() // FILE's old file, never written: its close loses nothing
 			return nil
 		}
 	}
+	o.closed = true
+	return o.copyIn()
+}
+
+// renameOver renames the temporary file over FILE, synced and closed
+// first, their errors checked: a write error that shows only then (NFS, a
+// quota) put a short file in place of the old one. It says false, with no
+// error, where the output is to be copied in instead (tmp open for it).
+func (o *outFile) renameOver() (bool, error) {
+	fi, err := o.dst.Stat()
+	if err != nil || o.tmp.Chmod(fi.Mode().Perm()) != nil {
+		return false, nil
+	}
+	name := o.tmp.Name()
+	if err := o.tmp.Sync(); err != nil {
+		return false, fmt.Errorf("--out %s: writing the output to %s: %w (the file is left as it was)", o.name, name, err)
+	}
+	if err := o.tmp.Close(); err != nil {
+		return false, fmt.Errorf("--out %s: writing the output to %s: %w (the file is left as it was)", o.name, name, err)
+	}
+	if os.Rename(name, o.path) == nil {
+		return true, nil
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		o.closed = true // abort keeps the output
+		return false, fmt.Errorf("--out %s: the rename over it failed, and %s, read back to copy it in instead: %w (the file is left as it was; the whole output is in %s)", o.name, name, err, name)
+	}
+	o.tmp = f
+	return false, nil
+}
+
+// copyIn writes the output into FILE in place. FILE's close is checked: a
+// write error that shows only then reported a copy that had failed.
+func (o *outFile) copyIn() error {
+	defer o.tmp.Close() // only read here: its close says nothing of FILE
 	n, err := o.tmp.Seek(0, io.SeekStart)
 	if err == nil {
 		n, err = io.Copy(o.dst, o.tmp)
 	}
 	if err == nil {
 		err = o.dst.Truncate(n)
+	}
+	if cerr := o.dst.Close(); err == nil {
+		err = cerr
 	}
 	if err != nil {
 		// The function ran: its output is kept, and said where.
