@@ -36,6 +36,11 @@ type outFile struct {
 
 // createOut opens path for an output; its errors name --out and path.
 func createOut(path string, env *Env) (*outFile, error) {
+	if path == "" {
+		// Said here: open's "open : no such file or directory" names
+		// neither the flag nor the mistake.
+		return nil, errors.New("--out: empty path")
+	}
 	o := &outFile{name: path, path: path}
 	fd, own, named := fdPath(path)
 	if own {

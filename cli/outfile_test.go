@@ -162,3 +162,16 @@ func TestInvokeOutKeepsSetIDAndXattrFiles(t *testing.T) {
 		})
 	}
 }
+
+// --out "" names the flag and the mistake, before any request: it said
+// "open : no such file or directory", after three tries.
+func TestInvokeOutEmptyPath(t *testing.T) {
+	srv := echoOut(t)
+	_, errs, code := runMain(t, nil, "invoke", "f", "--server", srv.url(), "--in", inFile(t), "--out", "")
+	if code != 1 || errs != "plover invoke: --out: empty path\n" {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	if got := srv.requests(); len(got) != 0 {
+		t.Errorf("the server got %q; want nothing sent", got)
+	}
+}
