@@ -10,11 +10,9 @@ import (
 	"log/slog"
 	"math"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/plover-run/plover/abi"
@@ -61,6 +59,12 @@ func runCmd() *command {
 			if err != nil {
 				return err
 			}
+			// Caught as invoke catches them (outSignals), from before --out
+			// is made until it is committed: caught only during the run,
+			// they left the temporary file (and a FILE made for the output)
+			// when they came before or after it.
+			sigs := catchSignals()
+			defer sigs.release() // after the deferred abort
 			// Opened before the run and written as invoke's --out is
 			// (outfile.go): a FILE that cannot be written fails first, and
 			// one written fails whole or not at all.
@@ -71,7 +75,11 @@ func runCmd() *command {
 				}
 				defer of.abort()
 			}
-			rep, output, err := runLocal(dir, input, repeat, timeout, checked, env.Stderr)
+			sigs.pending(of)
+			rep, output, err := runLocal(sigs.ctx, dir, input, repeat, timeout, checked, env.Stderr)
+			if err != nil && of != nil && of.whole() && sigs.ctx.Err() != nil {
+				return fmt.Errorf("%w (--out %s left as it was)", err, out)
+			}
 			if err != nil {
 				return err
 			}
@@ -79,10 +87,14 @@ func runCmd() *command {
 				if _, err := of.Write(output); err != nil {
 					return fmt.Errorf("--out %s: %w", out, err)
 				}
-				if err := of.commit(); err != nil {
+				if err := sigs.commit(of); err != nil {
 					return err
 				}
 			}
+			// What is left to write has nothing to clean up after it: a
+			// signal, or a reader of stdout gone, may end it as it would
+			// any command.
+			sigs.release()
 			if asJSON {
 				printWarnings(env.Stderr, rep.Warnings) // also where a person sees them
 				if out == "-" {
@@ -161,8 +173,8 @@ func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 // writes past its buffers or never returns ends as it would on a server
 // (the worker crashes, or is killed at the deadline) instead of corrupting
 // or hanging this process. What the bundle prints goes to stderr, escaped
-// as plover logs shows it (visibleLines).
-func runLocal(dir string, input []byte, repeat int, timeout time.Duration, checked bool, stderr io.Writer) (*runReport, []byte, error) {
+// as plover logs shows it (visibleLines). sig done (a signal) stops it.
+func runLocal(sig context.Context, dir string, input []byte, repeat int, timeout time.Duration, checked bool, stderr io.Writer) (*runReport, []byte, error) {
 	m, err := checkDir(dir)
 	if err != nil {
 		return nil, nil, err
@@ -193,14 +205,9 @@ func runLocal(dir string, input []byte, repeat int, timeout time.Duration, check
 		StageDir: stages, Spawner: spawner, Log: log, Output: escapingWriter{stderr}, Checked: checked})
 	defer dev.Close()
 	t0 := time.Now()
-	// ^C or SIGTERM stops the workers, so that the run returns and the
-	// deferred clean-up (the stage's links to the bundle) happens.
-	sig, stopSig := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stopSig()
-	go func() {
-		<-sig.Done()
-		dev.Close()
-	}()
+	// A signal (sig done) stops the workers, so that the run returns and
+	// the deferred clean-up (the stage's links to the bundle) happens.
+	defer context.AfterFunc(sig, func() { dev.Close() })()
 	// The load and the instance get the timeout or loadTimeout, whichever is
 	// longer: --timeout bounds runs, and a short one must not read as a
 	// chain that overran while the worker was still starting.
@@ -276,7 +283,7 @@ type localRun struct {
 	dir      string
 	manifest string // the manifest the author edits (editableManifest)
 	timeout  time.Duration
-	sig      context.Context // done on ^C or SIGTERM
+	sig      context.Context // done on a signal (outSignals)
 	inst     device.Instance
 	r        *device.Run
 	rep      *runReport

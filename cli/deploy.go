@@ -11,12 +11,10 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -354,26 +352,22 @@ func invoke(c *client, name string, input []byte, out string, o invokeOptions, e
 		ms := (o.timeout + time.Millisecond - 1) / time.Millisecond
 		hdr.Set("X-Plover-Timeout-Ms", strconv.FormatInt(int64(ms), 10))
 	}
+	sigs := catchSignals()
+	defer sigs.release() // after the deferred abort
 	// Opened before the request: a file that cannot be written fails the
 	// invoke before the function runs for nothing.
 	var w io.Writer = env.Stdout
+	var of *outFile
 	if out != "-" {
-		f, err := createOut(out, env)
-		if err != nil {
+		var err error
+		if of, err = createOut(out, env); err != nil {
 			return err
 		}
-		defer f.abort()
-		w = f
+		defer of.abort()
+		w = of
 	}
-	// ^C or SIGTERM ends the request, so that the deferred abort runs:
-	// ended by the signal's default action, invoke left --out's
-	// temporary file behind.
-	sig, stopSig := notifyContext(os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
-	defer stopSig()
-	// Caught once: a second signal has its default action, so that an
-	// invoke stuck writing its output (a FIFO whose reader stopped, a
-	// stalled terminal), which the context cannot end, still ends.
-	context.AfterFunc(sig, stopSig)
+	sigs.pending(of)
+	sig := sigs.ctx
 	// The wait is the context's alone: the client's requestTimeout would
 	// end a --timeout longer than it (a server with a raised --max-timeout).
 	wait := invokeWait(o.timeout)
@@ -389,14 +383,16 @@ func invoke(c *client, name string, input []byte, out string, o invokeOptions, e
 	}
 	defer resp.Body.Close()
 	if o.timing {
+		// Its error unchecked: a stderr whose reader has gone fails no
+		// invoke whose output goes elsewhere (outSignals.pending).
 		fmt.Fprintf(env.Stderr, "start=%s version=%s\nServer-Timing: %s\n", resp.Header.Get("X-Plover-Start"), resp.Header.Get("X-Plover-Version"), resp.Header.Get("Server-Timing"))
-	}
-	left := ""
-	if f, ok := w.(*outFile); ok && f.whole() {
-		left = fmt.Sprintf(" (--out %s left as it was)", out)
 	}
 	fw := &fileutil.Writer{W: w}
 	if _, err := io.Copy(fw, resp.Body); err != nil {
+		left := ""
+		if of != nil && of.whole() {
+			left = fmt.Sprintf(" (--out %s left as it was)", out)
+		}
 		switch {
 		case sig.Err() != nil && fw.Err == nil:
 			return fmt.Errorf("interrupted while the answer came%s", left)
@@ -411,8 +407,8 @@ func invoke(c *client, name string, input []byte, out string, o invokeOptions, e
 		}
 		return fmt.Errorf("reading the response: %w%s", err, left)
 	}
-	if f, ok := w.(*outFile); ok {
-		return f.commit()
+	if of != nil {
+		return sigs.commit(of)
 	}
 	return nil
 }
@@ -625,23 +621,4 @@ func workers(ws []api.WorkerInfo) string {
 		fmt.Fprintf(&b, "%d %s/%s %d", w.PID, pss, humanBytes(w.RSSBytes), w.Threads)
 	}
 	return b.String()
-}
-
-// notifyContext is signal.NotifyContext for those of sigs not ignored at
-// the start: catching one that was ignored undoes the ignoring
-// (os/signal), and an invoke run under nohup, or as a background job
-// whose ^C is ignored, would then be ended by the hangup or the ^C it was
-// meant to outlive. With none left, it catches nothing (NotifyContext
-// given no signal would catch every one).
-func notifyContext(sigs ...os.Signal) (context.Context, context.CancelFunc) {
-	var caught []os.Signal
-	for _, s := range sigs {
-		if !signal.Ignored(s) {
-			caught = append(caught, s)
-		}
-	}
-	if len(caught) == 0 {
-		return context.WithCancel(context.Background())
-	}
-	return signal.NotifyContext(context.Background(), caught...)
 }

@@ -376,16 +376,16 @@ func runOutCase(t *testing.T, tt outCase) {
 	}
 }
 
-// ^C (or SIGTERM) while the answer comes ends plover invoke with --out's
-// temporary file removed and FILE as it was: the signal's default action
-// ended it with the temporary file left beside FILE.
+// ^C (or SIGTERM, or SIGHUP) while the answer comes ends plover invoke
+// with --out's temporary file removed and FILE as it was: the signal's
+// default action ended it with the temporary file left beside FILE.
 func TestInvokeInterruptedLeavesNoTemporaryFile(t *testing.T) {
 	// Caught here too, so that an invoke that does not catch them fails
 	// the test (by its --timeout) instead of ending the test binary.
-	caught := make(chan os.Signal, 2)
-	signal.Notify(caught, syscall.SIGINT, syscall.SIGTERM)
+	caught := make(chan os.Signal, 3)
+	signal.Notify(caught, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(caught)
-	for _, s := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+	for _, s := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
 		t.Run(s.String(), func(t *testing.T) {
 			var srv *rawServer
 			srv = newRawServer(t, func(c net.Conn, _ *http.Request) {
