@@ -117,6 +117,13 @@ func TestInvokeTimeout(t *testing.T) {
 		{"the server never answers", []string{"--timeout", "300ms"}, nil,
 			1, "300", "plover invoke: f: no answer within --timeout 300ms (and 200ms more for the server's own answer): gave up waiting", 3 * time.Second},
 		{"negative", []string{"--timeout", "-1s"}, nil, 2, "", "plover invoke: --timeout -1s: want a duration of 1ms or more", time.Second},
+		// It said "no answer within --timeout" of an answer cut midway.
+		{"the answer is cut", []string{"--timeout", "300ms"}, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", "100")
+			w.Write([]byte("SECRET-PART"))
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+		}, 1, "300", "plover invoke: f: the answer was cut at --timeout 300ms (and 200ms more for the server's own answer): 11 bytes of it had come (--out ", 3 * time.Second},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			seen := make(chan string, 1)

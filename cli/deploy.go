@@ -388,22 +388,24 @@ func invoke(c *client, name string, input []byte, out string, o invokeOptions, e
 		fmt.Fprintf(env.Stderr, "start=%s version=%s\nServer-Timing: %s\n", resp.Header.Get("X-Plover-Start"), resp.Header.Get("X-Plover-Version"), resp.Header.Get("Server-Timing"))
 	}
 	fw := &fileutil.Writer{W: w}
-	if _, err := io.Copy(fw, resp.Body); err != nil {
+	if n, err := io.Copy(fw, resp.Body); err != nil {
+		whole := of != nil && of.whole()
+		switch {
+		case ctx.Err() != nil && sig.Err() == nil && fw.Err == nil:
+			return invokeCutError(name, o.timeout, n, out, whole)
+		case fw.Err != nil && out == "-":
+			return fmt.Errorf("writing the output to stdout: %w", fw.Err)
+		case fw.Err != nil && whole:
+			return fmt.Errorf("--out %s: writing the output: %w (the file is left as it was)", out, fw.Err)
+		case fw.Err != nil:
+			return fmt.Errorf("--out %s: writing the output: %w", out, fw.Err)
+		}
 		left := ""
-		if of != nil && of.whole() {
+		if whole {
 			left = fmt.Sprintf(" (--out %s left as it was)", out)
 		}
-		switch {
-		case sig.Err() != nil && fw.Err == nil:
+		if sig.Err() != nil {
 			return fmt.Errorf("interrupted while the answer came%s", left)
-		case fw.Err != nil && left != "":
-			return fmt.Errorf("--out %s: writing the output: %w (the file is left as it was)", out, fw.Err)
-		case fw.Err != nil && out != "-":
-			return fmt.Errorf("--out %s: writing the output: %w", out, fw.Err)
-		case fw.Err != nil:
-			return fmt.Errorf("writing the output to stdout: %w", fw.Err)
-		case ctx.Err() != nil:
-			return invokeTimeoutError(ctx, name, o.timeout, fmt.Errorf("%s: the answer did not arrive in full within %v: gave up waiting%s", name, wait, left))
 		}
 		return fmt.Errorf("reading the response: %w%s", err, left)
 	}
@@ -411,6 +413,24 @@ func invoke(c *client, name string, input []byte, out string, o invokeOptions, e
 		return sigs.commit(of)
 	}
 	return nil
+}
+
+// invokeCutError says that the answer stopped coming at the end of
+// invoke's wait: n bytes of it had come, and where they went. (It said
+// "no answer within --timeout" of an answer cut midway.)
+func invokeCutError(name string, timeout time.Duration, n int64, out string, whole bool) error {
+	limit := fmt.Sprintf("%v, the longest plover invoke waits without --timeout", requestTimeout)
+	if timeout > 0 {
+		limit = fmt.Sprintf("--timeout %v (and %v more for the server's own answer)", timeout, invokeGrace)
+	}
+	where := fmt.Sprintf("--out %s left as it was", out)
+	switch {
+	case out == "-":
+		where = "written to stdout"
+	case !whole:
+		where = "written to --out " + out
+	}
+	return fmt.Errorf("%s: the answer was cut at %s: %d bytes of it had come (%s); gave up waiting", name, limit, n, where)
 }
 
 // invokeTimeoutError says in plain words that a request passed its
