@@ -34,7 +34,7 @@ func runCmd() *command {
 			"  plover run build/samples/vecadd-host --in build/samples/vecadd-input.bin --out /tmp/sum.bin --repeat 100",
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&in, "in", "", "input file, - for stdin (required)")
-			fs.StringVar(&out, "out", "-", "output file, - for stdout")
+			fs.StringVar(&out, "out", "-", "output file, - for stdout: written as plover invoke's --out is, opened before the run and given the output only once it is whole; a failed or interrupted (^C, SIGTERM, SIGHUP) run leaves FILE as it was")
 			fs.IntVar(&repeat, "repeat", 1, "run the chain N times on one instance and print min/median/p99 of each phase")
 			fs.BoolVar(&asJSON, "json", false, "print a JSON report to stdout instead: timings, and the output in base64 unless --out names a file")
 			fs.BoolVar(&checked, "checked", true, "catch an access past the end of in, tmp or out, naming the entry and the buffer (guard pages; --checked=false runs in place, as plover serve does by default)")
