@@ -118,74 +118,70 @@ const (
 // are the native ones.
 func reachFilter(arch, pid, pgrp uint32) []unix.SockFilter {
 	const (
-		ld    = unix.BPF_LD | unix.BPF_W | unix.BPF_ABS
-		jeq   = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
-		jge   = unix.BPF_JMP | unix.BPF_JGE | unix.BPF_K
-		ja    = unix.BPF_JMP | unix.BPF_JA
-		ret   = unix.BPF_RET | unix.BPF_K
 		allow = unix.SECCOMP_RET_ALLOW
 		deny  = unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)
 		nosys = unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)
-		jset  = unix.BPF_JMP | unix.BPF_JSET | unix.BPF_K
 	)
-	// Labels: the index of each named instruction below, from the first
-	// after the calls that fail with ENOSYS (at).
-	at := 7 + len(nosysCalls)
-	lPrio, lPgrp, lSelf, lClone, lFamily, lPrctl := at+4, at+10, at+13, at+15, at+17, at+20
-	lOK, lNo, lNoSys := at+24, at+25, at+26
-	// to is the jump offset from instruction i to label.
-	to := func(i, label int) uint8 { return uint8(label - i - 1) }
-	prog := []unix.SockFilter{
-		{Code: ld, K: seccompArch},
-		{Code: jeq, K: arch, Jt: 0, Jf: to(1, lNo)},
-		{Code: ld, K: seccompNR},
-		{Code: jge, K: x32Bit, Jt: to(3, lNo), Jf: 0},
-		{Code: jeq, K: unix.SYS_CLONE, Jt: to(4, lClone), Jf: 0},
-		{Code: jeq, K: unix.SYS_SOCKET, Jt: to(5, lFamily), Jf: 0},
-		{Code: jeq, K: unix.SYS_SOCKETPAIR, Jt: to(6, lFamily), Jf: 0},
-	}
+	var a bpfAsm
+	a.ld(seccompArch)
+	a.jeq(arch, "", "no")
+	a.ld(seccompNR)
+	a.jge(x32Bit, "no", "")
+	a.jeq(unix.SYS_CLONE, "clone", "")
+	a.jeq(unix.SYS_SOCKET, "family", "")
+	a.jeq(unix.SYS_SOCKETPAIR, "family", "")
 	for _, nr := range nosysCalls {
-		prog = append(prog, unix.SockFilter{Code: jeq, K: nr, Jt: to(len(prog), lNoSys), Jf: 0})
+		a.jeq(nr, "nosys", "")
 	}
-	return append(prog, []unix.SockFilter{
-		{Code: jeq, K: unix.SYS_PRCTL, Jt: to(at, lPrctl), Jf: 0},
-		{Code: jeq, K: unix.SYS_PRLIMIT64, Jt: 0, Jf: to(at+1, lPrio)},
-		{Code: ld, K: seccompArg0},
-		{Code: ja, K: uint32(to(at+3, lSelf))},
-		// lPrio
-		{Code: jeq, K: unix.SYS_SETPRIORITY, Jt: 0, Jf: to(lPrio, lOK)},
-		{Code: ld, K: seccompArg0}, // which
-		{Code: jeq, K: unix.PRIO_PGRP, Jt: to(at+6, lPgrp), Jf: 0},
-		{Code: jeq, K: unix.PRIO_PROCESS, Jt: 0, Jf: to(at+7, lNo)},
-		{Code: ld, K: seccompArg1}, // who
-		{Code: ja, K: uint32(to(at+9, lSelf))},
-		// lPgrp
-		{Code: ld, K: seccompArg1},
-		{Code: jeq, K: 0, Jt: to(at+11, lOK), Jf: 0},
-		{Code: jeq, K: pgrp, Jt: to(at+12, lOK), Jf: to(at+12, lNo)},
-		// lSelf
-		{Code: jeq, K: 0, Jt: to(lSelf, lOK), Jf: 0},
-		{Code: jeq, K: pid, Jt: to(at+14, lOK), Jf: to(at+14, lNo)},
-		// lClone: flags, on amd64 and arm64
-		{Code: ld, K: seccompArg0},
-		{Code: jset, K: unix.CLONE_PARENT, Jt: to(at+16, lNo), Jf: to(at+16, lOK)},
-		// lFamily: socket's and socketpair's domain, an int, so the
-		// kernel reads the argument's low 32 bits, as this does.
-		{Code: ld, K: seccompArg0},
-		{Code: jeq, K: unix.AF_UNIX, Jt: to(at+18, lOK), Jf: 0},
-		{Code: jeq, K: unix.AF_NETLINK, Jt: to(at+19, lOK), Jf: to(at+19, lNo)},
-		// lPrctl: prctl's option (an int) and, for PR_SET_DUMPABLE, its
-		// value: the kernel takes only 0 and 1 there, so its low 32 bits
-		// say which.
-		{Code: ld, K: seccompArg0},
-		{Code: jeq, K: unix.PR_SET_DUMPABLE, Jt: 0, Jf: to(at+21, lOK)},
-		{Code: ld, K: seccompArg1},
-		{Code: jeq, K: 0, Jt: to(at+23, lOK), Jf: to(at+23, lNo)},
-		// lOK, lNo, lNoSys
-		{Code: ret, K: allow},
-		{Code: ret, K: deny},
-		{Code: ret, K: nosys},
-	}...)
+	a.jeq(unix.SYS_PRCTL, "prctl", "")
+	a.jeq(unix.SYS_PRLIMIT64, "", "prio")
+	a.ld(seccompArg0)
+	a.ja("self")
+
+	a.label("prio")
+	a.jeq(unix.SYS_SETPRIORITY, "", "ok")
+	a.ld(seccompArg0) // which
+	a.jeq(unix.PRIO_PGRP, "pgrp", "")
+	a.jeq(unix.PRIO_PROCESS, "", "no")
+	a.ld(seccompArg1) // who
+	a.ja("self")
+
+	a.label("pgrp")
+	a.ld(seccompArg1)
+	a.jeq(0, "ok", "")
+	a.jeq(pgrp, "ok", "no")
+
+	a.label("self")
+	a.jeq(0, "ok", "")
+	a.jeq(pid, "ok", "no")
+
+	// clone's flags, on amd64 and arm64
+	a.label("clone")
+	a.ld(seccompArg0)
+	a.jset(unix.CLONE_PARENT, "no", "ok")
+
+	// socket's and socketpair's domain, an int, so the kernel reads the
+	// argument's low 32 bits, as this does.
+	a.label("family")
+	a.ld(seccompArg0)
+	a.jeq(unix.AF_UNIX, "ok", "")
+	a.jeq(unix.AF_NETLINK, "ok", "no")
+
+	// prctl's option (an int) and, for PR_SET_DUMPABLE, its value: the
+	// kernel takes only 0 and 1 there, so its low 32 bits say which.
+	a.label("prctl")
+	a.ld(seccompArg0)
+	a.jeq(unix.PR_SET_DUMPABLE, "", "ok")
+	a.ld(seccompArg1)
+	a.jeq(0, "ok", "no")
+
+	a.label("ok")
+	a.ret(allow)
+	a.label("no")
+	a.ret(deny)
+	a.label("nosys")
+	a.ret(nosys)
+	return a.assemble()
 }
 
 // nosysCalls fail with ENOSYS, as on a kernel without them. clone3: glibc
