@@ -5,13 +5,18 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/worker/contain"
 )
 
@@ -144,6 +149,72 @@ func TestAWorkerCannotMakeTheServersChild(t *testing.T) {
 	if said != "clone_parent: refused EPERM" {
 		t.Errorf("the worker's clone(CLONE_PARENT): %q, want it refused", said)
 	}
+}
+
+// A bundle cannot clear its worker's child-subreaper flag: with it
+// cleared, a double fork's grandchild went to the next subreaper up, the
+// server, out of its worker's tree, where its CPU was not billed and nice
+// levels did not reach it, until some worker ended (a review's probe: 0 s
+// billed in 3 s of its spinning). Before, the prctl succeeded.
+func TestABundleCannotClearItsWorkersSubreaperFlag(t *testing.T) {
+	if !inSubreaperChild(t) {
+		return
+	}
+	sp := contain.NewSpawner()
+	if c, err := sp.Contain(false); c != contain.Subreaper {
+		t.Fatalf("containment %v: %v", c, err)
+	}
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: sp})
+	t.Cleanup(func() { d.Close() })
+	m := testkit.Manifest("unsubreaper")
+	m.Library = "unsubreaper.so"
+	m.Chain = []abi.Launch{{Kernel: "unsubreaper", Grid: 1, Block: 1}}
+	p := loadSource(t, d, filepath.Join("testdata", "unsubreaper.cc"), m)
+	total := billed(t, p)
+	in, r := newInst(t, p, m), oneStep(t, p, m, "unsubreaper")
+	if err := in.Run(r); err != nil {
+		t.Fatal(err)
+	}
+	said := string(bytes.TrimRight(r.Output, "\x00"))
+	var prctl string
+	var gc int
+	if _, err := fmt.Sscanf(said, "unsubreaper: prctl %s grandchild %d", &prctl, &gc); err != nil || gc <= 0 {
+		t.Fatalf("unsubreaper wrote %q: %v", said, err)
+	}
+	w := p.(*program).p
+	defer endEscaped(t, w, gc)
+	if d.filterLogged.Load() {
+		t.Skip("this kernel has no seccomp filters")
+	}
+	if prctl != "EPERM" {
+		t.Errorf("the bundle's prctl(PR_SET_CHILD_SUBREAPER, 0): %s, want EPERM", prctl)
+	}
+	if !slices.ContainsFunc(treeOf(w.pid, w.tree.Root()), func(k kin) bool { return k.pid == gc }) {
+		f, _ := statFields(fmt.Sprintf("/proc/%d/stat", gc))
+		t.Fatalf("the grandchild %d is out of its worker's (%d) tree: its stat %v (the server is %d)", gc, w.pid, f, os.Getpid())
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for total.Load() < int64(100*time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("billed %v in 10 s beside a spinning grandchild", time.Duration(total.Load()))
+		}
+		w.look(false)
+		time.Sleep(20 * time.Millisecond) // the grandchild's CPU to add up
+	}
+}
+
+// endEscaped ends worker w and then, should the grandchild gc it left
+// still run (the server's child, where the subreaper flag was cleared),
+// kills and reaps it.
+func endEscaped(t *testing.T, w *proc, gc int) {
+	w.kill("the test")
+	<-w.done
+	if f, err := statFields(fmt.Sprintf("/proc/%d/stat", gc)); err == nil && f[0] != "Z" && f[0] != "X" && !exiting(f) {
+		t.Errorf("the grandchild %d runs after its worker's reap (%s)", gc, f[0])
+		syscall.Kill(gc, syscall.SIGKILL)
+	}
+	var ws syscall.WaitStatus
+	syscall.Wait4(gc, &ws, syscall.WNOHANG, nil) // the server's child, if it escaped
 }
 
 // exiting reports whether the process whose /proc stat fields (after its

@@ -31,6 +31,14 @@ import (
 // filter cannot read, so clone3 fails with ENOSYS, on which glibc (its
 // pthread_create, posix_spawn) falls back to clone; Go uses clone.
 //
+// It refuses prctl(PR_SET_CHILD_SUBREAPER) (EPERM), whatever the value:
+// Enter made the worker a subreaper before this filter (with subreapers),
+// and a bundle that cleared the flag had what it orphaned (a double fork's
+// grandchild) go to the next subreaper up, the server, out of its
+// worker's tree as a CLONE_PARENT child is, for as long as the worker
+// lived. Setting it gives a bundle's process nothing it needs, and one
+// comparison (the option) refuses both.
+//
 // It refuses prctl(PR_SET_DUMPABLE) but to 0 (EPERM): a worker makes
 // itself non-dumpable as it starts (MakeNonDumpable), and its /proc files
 // are then root's; dumpable again, they would be its own, and it could
@@ -62,7 +70,9 @@ import (
 // amd64 and arm64 have no socketcall(2); i386's, by int 0x80 on amd64, is
 // refused with every call of another architecture.
 //
-// It must run after no_new_privs is set (Enter), before tenant code. It
+// It must run after Enter (which sets no_new_privs, without which the
+// kernel refuses the filter, and the subreaper flag, which the filter
+// then keeps from being set), before tenant code. It
 // reports false, without error, where the kernel has no seccomp filters
 // (asked first, so that a filter the kernel refuses is an error, not read
 // as none) or the architecture is not one it knows; the server logs the
@@ -171,6 +181,7 @@ func reachFilter(arch, pid, pgrp uint32) []unix.SockFilter {
 	// kernel takes only 0 and 1 there, so its low 32 bits say which.
 	a.label("prctl")
 	a.ld(seccompArg0)
+	a.jeq(unix.PR_SET_CHILD_SUBREAPER, "no", "")
 	a.jeq(unix.PR_SET_DUMPABLE, "", "ok")
 	a.ld(seccompArg1)
 	a.jeq(0, "ok", "no")

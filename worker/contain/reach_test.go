@@ -54,6 +54,8 @@ func childReach() {
 		{"dumpable-0", func() error { return unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0) }},
 		{"dumpable-1", func() error { return unix.Prctl(unix.PR_SET_DUMPABLE, 1, 0, 0, 0) }},
 		{"dumpable-high-bits", func() error { return unix.Prctl(unix.PR_SET_DUMPABLE, 1<<32|1, 0, 0, 0) }},
+		{"subreaper-clear", func() error { return unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) }},
+		{"subreaper-set", func() error { return unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) }},
 		{"prctl-other", func() error {
 			return unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&[]byte("reach\x00")[0])), 0, 0, 0)
 		}},
@@ -182,6 +184,9 @@ func TestRestrictReach(t *testing.T) {
 		// Dumpable again, a worker's /proc files would be its own: its
 		// autogroup's weight among them. Other prctl options pass.
 		"dumpable-0": "ok", "dumpable-1": "EPERM", "dumpable-high-bits": "EPERM", "prctl-other": "ok",
+		// A worker that cleared its subreaper flag had its orphans go
+		// to the server, out of its tree.
+		"subreaper-clear": "EPERM", "subreaper-set": "EPERM",
 		// The node's System V IPC objects and the uid's keyrings.
 		"shmget": "ENOSYS", "shmat": "ENOSYS", "shmctl": "ENOSYS", "shmdt": "ENOSYS",
 		"msgget": "ENOSYS", "msgsnd": "ENOSYS", "msgrcv": "ENOSYS", "msgctl": "ENOSYS",

@@ -113,7 +113,8 @@ func containSelf(cfg Config) error {
 		return fmt.Errorf("worker: contain: %w", err)
 	}
 	// No prlimit or setpriority on another process: a worker of the same
-	// uid (or the server's) is out of its reach.
+	// uid (or the server's) is out of its reach. After Enter: the filter
+	// refuses the subreaper prctl that Enter makes.
 	filtered, err := contain.RestrictReach()
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
