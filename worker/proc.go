@@ -347,7 +347,7 @@ func (p *proc) awaitReady(ctx context.Context) error {
 		if d.opts.Landlock && ready.Landlocked && landlockABI() >= landlockRefusesTCP {
 			network = "reach the network by UDP (Landlock refuses them TCP, not UDP): a bundle can call the node's UDP services and send anywhere"
 		}
-		d.opts.Log.Warn("this kernel has no seccomp filters: workers can "+network+"; without PID namespaces a worker can change the resource limits and nice level of another process of its uid (another worker's, the server's when they share it)", "landlock_abi", landlockABI())
+		d.opts.Log.Warn("this kernel has no seccomp filters: workers can "+network+"; without PID namespaces a worker can change the resource limits, nice level, scheduling policy, CPUs and I/O priority of another process of its uid (another worker's, the server's threads' when they share it), and with subreapers move what it starts out of its worker's tree (clone with CLONE_PARENT, a cleared subreaper flag), where its CPU is not billed", "landlock_abi", landlockABI())
 	}
 	if d.opts.Landlock && ready.Landlocked && landlockABI() < landlockScopesSignals && d.landlockLogged.CompareAndSwap(false, true) {
 		d.opts.Log.Warn("this kernel's Landlock does not scope signals (that needs its ABI 6, Linux 6.12): workers, which share one uid (--worker-user), can signal one another, another tenant's included", "landlock_abi", landlockABI())

@@ -688,7 +688,10 @@ PLOVER_ENTRY(signal_pid) {
 // signal, by what the kernel allows a process of the same uid: op "cpu"
 // sets its RLIMIT_CPU to 1 s (the kernel then kills it by SIGXCPU, then
 // SIGKILL, as soon as it has used 1 s of CPU), "nice" its nice level to 19,
-// "cpus" its CPU affinity to CPU 0 alone. Writes "OK", or "ERR <errno
+// "cpus" its CPU affinity to CPU 0 alone, "sched" its policy to
+// SCHED_IDLE, "schedattr" its nice level to 19 by sched_setattr, "ioprio"
+// its I/O class to idle (each acts on one thread: pid may be any thread's
+// id). Writes "OK", or "ERR <errno
 // name>" when the kernel refuses. Op "pgrp", from a child (a worker leads
 // its session, and setpgid on a session leader fails whatever the target),
 // joins the process group whose id is pid (a worker's is its pid) and sets
@@ -740,6 +743,18 @@ PLOVER_ENTRY(poke) {
     CPU_ZERO(&set);
     CPU_SET(0, &set);
     rc = sched_setaffinity((pid_t)pid, sizeof set, &set);
+  } else if (strcmp(op, "sched") == 0) {
+    struct sched_param sp = {0};
+    rc = sched_setscheduler((pid_t)pid, SCHED_IDLE, &sp);
+  } else if (strcmp(op, "schedattr") == 0) {
+    // struct sched_attr's first fields (linux/sched/types.h): SCHED_OTHER
+    // at nice 19, around setpriority.
+    struct { uint32_t size, policy; uint64_t flags; int32_t nice; uint32_t prio; uint64_t rt, dl, period; } attr = {0};
+    attr.size = sizeof attr;
+    attr.nice = 19;
+    rc = (int)syscall(SYS_sched_setattr, (pid_t)pid, &attr, 0);
+  } else if (strcmp(op, "ioprio") == 0) {
+    rc = (int)syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, (int)pid, 3 << 13 /* IOPRIO_CLASS_IDLE */);
   } else {
     put(s, "ERR bad op");
     return;

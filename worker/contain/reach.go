@@ -11,18 +11,23 @@ import (
 
 // RestrictReach installs a seccomp filter, on every thread, that keeps
 // the process and all it starts from changing another process's resource
-// limits or nice level: prlimit64 only on itself (pid 0 or its own pid),
+// limits, nice level, scheduling or I/O priority: prlimit64 and the
+// scheduler's setters (selfCalls) only on itself (pid 0 or its own pid),
+// ioprio_set likewise and only for a process (IOPRIO_WHO_PROCESS),
 // setpriority only on itself (PRIO_PROCESS 0 or its own pid) or its own
 // process group (PRIO_PGRP 0 or its own), never on a whole user
-// (PRIO_USER). The kernel allows both to any process of the same uid
-// without a capability and neither Landlock nor the signal scope sees
-// them: workers sharing --worker-user, with no PID namespace to hide one
-// from another, could set another's RLIMIT_CPU to 1 s (the kernel kills it
-// by SIGXCPU once it used that), its RLIMIT_NOFILE or RLIMIT_NPROC to 0,
-// or its nice level to 19; a worker of a server's own uid the server's.
-// Refused calls fail with EPERM. A thread's setpriority by its own tid is
-// refused too (a filter cannot tell a tid of the process from another
-// process's pid); the server sets the workers' levels from outside.
+// (PRIO_USER, IOPRIO_WHO_USER). The kernel allows them all without a
+// capability on any process of the same uid (but for prlimit64, only one
+// that holds no capability the caller lacks), and neither Landlock nor
+// the signal scope sees them: workers sharing --worker-user, with no PID
+// namespace to hide one from another, could set another's RLIMIT_CPU to
+// 1 s (the kernel kills it by SIGXCPU once it used that), its
+// RLIMIT_NOFILE or RLIMIT_NPROC to 0, its nice level to 19, its threads
+// to SCHED_IDLE or one CPU; a worker of a server's own uid the server's,
+// which stays so after the worker is gone. Refused calls fail with EPERM.
+// A thread's call by its own tid is refused too (a filter cannot tell a
+// tid of the process from another process's pid); the server sets the
+// workers' levels from outside.
 //
 // It also refuses clone with CLONE_PARENT (EPERM): the child would be the
 // server's, outside its worker's tree, where the server's nice levels and
@@ -144,12 +149,26 @@ func reachFilter(arch, pid, pgrp uint32) []unix.SockFilter {
 		a.jeq(nr, "nosys", "")
 	}
 	a.jeq(unix.SYS_PRCTL, "prctl", "")
-	a.jeq(unix.SYS_PRLIMIT64, "", "prio")
+	a.jeq(unix.SYS_SETPRIORITY, "prio", "")
+	a.jeq(unix.SYS_IOPRIO_SET, "ioprio", "")
+	for _, nr := range selfCalls {
+		a.jeq(nr, "arg0", "")
+	}
+	a.ja("ok")
+
+	a.label("arg0") // a pid_t, whose low 32 bits the kernel reads
 	a.ld(seccompArg0)
 	a.ja("self")
 
+	// ioprio_set's which and who, ints: a process alone, never a whole
+	// process group or uid (IOPRIO_WHO_PGRP, IOPRIO_WHO_USER).
+	a.label("ioprio")
+	a.ld(seccompArg0)
+	a.jeq(ioprioWhoProcess, "", "no")
+	a.ld(seccompArg1)
+	a.ja("self")
+
 	a.label("prio")
-	a.jeq(unix.SYS_SETPRIORITY, "", "ok")
 	a.ld(seccompArg0) // which
 	a.jeq(unix.PRIO_PGRP, "pgrp", "")
 	a.jeq(unix.PRIO_PROCESS, "", "no")
@@ -194,6 +213,38 @@ func reachFilter(arch, pid, pgrp uint32) []unix.SockFilter {
 	a.ret(nosys)
 	return a.assemble()
 }
+
+// selfCalls take a pid (a tid: they act on one thread) as their first
+// argument, and are allowed only on the caller (0) or the worker's pid:
+// each changes what the kernel lets any process of the same uid change
+// in another (the scheduler's setters: one holding no capability the
+// caller lacks), which neither Landlock nor the signal scope sees, and
+// which outlives the caller.
+// prlimit64: another's limits (RLIMIT_CPU 1 s, a kill by SIGXCPU). The
+// scheduler's setters: another thread's policy (SCHED_IDLE), its nice
+// level (sched_setattr's sched_nice, around setpriority's rule), its
+// real-time priority (down: sched_setparam) or the CPUs it may run on.
+// Without a PID namespace the server is among them where workers have
+// its uid (pods: getppid() names it), and other workers of --worker-user
+// are. Refusing the server's pid alone would not do: the calls act on
+// one thread, and the server's threads are listed in /proc/<server>/task,
+// each a tid a filter cannot know.
+//
+// The cost: a thread must name itself as 0 (sched_setaffinity(0, ...)
+// passes); by its tid it is refused, but for the worker's main thread,
+// whose tid is the worker's pid. glibc's pthread_setaffinity_np and
+// pthread_setschedparam pass a thread's tid, and so does pthread_create
+// for a thread made with an affinity attribute, which then fails. Nothing
+// in the worker's own code makes these calls; whether the CUDA driver
+// does by tid is not yet seen on a GPU (a refusal is EPERM, not a kill).
+var selfCalls = []uint32{
+	unix.SYS_PRLIMIT64,
+	unix.SYS_SCHED_SETSCHEDULER, unix.SYS_SCHED_SETPARAM, unix.SYS_SCHED_SETATTR, unix.SYS_SCHED_SETAFFINITY,
+}
+
+// ioprioWhoProcess is ioprio_set's IOPRIO_WHO_PROCESS (linux/ioprio.h),
+// which golang.org/x/sys does not name.
+const ioprioWhoProcess = 1
 
 // nosysCalls fail with ENOSYS, as on a kernel without them. clone3: glibc
 // falls back to clone, whose flags the filter can read (clone3's are in

@@ -26,10 +26,7 @@ func childReach() {
 		die("CT_OTHER: %v", err)
 	}
 	var lim unix.Rlimit
-	for _, c := range []struct {
-		name string
-		call func() error
-	}{
+	for _, c := range append([]reachCall{
 		{"prlimit-self-0", func() error { return unix.Prlimit(0, unix.RLIMIT_NOFILE, nil, &lim) }},
 		{"prlimit-self-pid", func() error { return unix.Prlimit(os.Getpid(), unix.RLIMIT_NOFILE, nil, &lim) }},
 		{"setrlimit", func() error {
@@ -87,7 +84,7 @@ func childReach() {
 			_, _, e := unix.RawSyscall(unix.SYS_CLONE3, 0, 0, 0)
 			return e
 		}},
-	} {
+	}, schedCalls(other)...) {
 		err := c.call()
 		var e unix.Errno
 		switch {
@@ -99,6 +96,12 @@ func childReach() {
 			fmt.Printf("%s %v\n", c.name, err)
 		}
 	}
+}
+
+// reachCall is one of childReach's calls, named as its line says.
+type reachCall struct {
+	name string
+	call func() error
 }
 
 // sysErr is a call of trap with a, b, c, returning its errno (nil: none).
@@ -145,9 +148,11 @@ func rawClone(flags uintptr) error {
 	return nil
 }
 
-// The reach filter lets a process change its own limits and nice level
-// (pid 0 or its own, glibc's setrlimit, its own process group) and refuses
-// another process's, however its pid is written, and a whole uid's. It
+// The reach filter lets a process change its own limits, nice level,
+// scheduling and I/O priority (pid 0 or its own, glibc's setrlimit, its
+// own process group for setpriority) and refuses another process's,
+// however its pid is written, and a whole uid's (the other's scheduling
+// stays as it was). It refuses the subreaper flag, set or cleared. It
 // refuses a child made its parent's (CLONE_PARENT) and clone3, and lets
 // other clones by; System V IPC and the keyrings are ENOSYS (before, a
 // worker's segment outlived it and another tenant's worker read it: a
@@ -158,6 +163,10 @@ func TestRestrictReach(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { other.Process.Kill(); other.Wait() }()
+	before, err := schedState(other.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd := childCommand(t, "reach", "CT_OTHER="+strconv.Itoa(other.Process.Pid))
 	// A session of its own, as a worker has: its own group's nice level
 	// is then its own, not this test's.
@@ -196,10 +205,22 @@ func TestRestrictReach(t *testing.T) {
 		"mq_open": "ENOSYS", "mq_unlink": "ENOSYS", "mq_timedsend": "ENOSYS", "mq_timedreceive": "ENOSYS",
 		"mq_notify": "ENOSYS", "mq_getsetattr": "ENOSYS",
 		"add_key": "ENOSYS", "keyctl": "ENOSYS", "request_key": "ENOSYS",
+		// Another's policy, nice level, priority, CPUs and I/O class,
+		// which outlive the caller: the server's, where workers have its
+		// uid. On itself only as 0 or its pid.
+		"sched-self-0": "ok", "sched-self-pid": "ok", "sched-other": "EPERM", "sched-other-high-bits": "EPERM",
+		"schedparam-other": "EPERM", "schedattr-self-0": "ok", "schedattr-other": "EPERM",
+		"affinity-self-0": "ok", "affinity-other": "EPERM",
+		"ioprio-self-0": "ok", "ioprio-self-pid": "ok", "ioprio-other": "EPERM", "ioprio-user": "EPERM", "ioprio-pgrp": "EPERM",
 	} {
 		if got[name] != want {
 			t.Errorf("%s: %q, want %s (all: %s)", name, got[name], want, out)
 		}
+	}
+	if after, err := schedState(other.Process.Pid); err != nil {
+		t.Error(err)
+	} else if after != before {
+		t.Errorf("the other process's scheduling changed: %s, was %s", after, before)
 	}
 }
 
