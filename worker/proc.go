@@ -337,7 +337,7 @@ func (p *proc) awaitReady(ctx context.Context) error {
 		// container its PID 1 (tini in the image) holds the same
 		// environment and is not: Landlock's ptrace rule is what keeps a
 		// worker out of its /proc/1/environ, store credentials and all.
-		d.opts.Log.Warn("this kernel has no Landlock: workers can read and write whatever their uid can (the bundle cache, the data directory), read the environment of any dumpable process of their uid outside a PID namespace (a container's PID 1, such as the image's tini, holds the server's: store credentials given as AWS_* variables are theirs to read), and signal processes of their uid; use a kernel with Landlock, or run the server as root so that workers get a uid of their own (--worker-user)")
+		d.opts.Log.Warn("this kernel has no Landlock: workers can read and write whatever their uid can (the bundle cache, the data directory, and where they have the server's uid the cgroups it made for them: their own pids and memory limits, and which group they are in), read the environment of any dumpable process of their uid outside a PID namespace (a container's PID 1, such as the image's tini, holds the server's: store credentials given as AWS_* variables are theirs to read), and signal processes of their uid; use a kernel with Landlock, or run the server as root so that workers get a uid of their own (--worker-user)")
 	}
 	if !ready.Filtered && d.filterLogged.CompareAndSwap(false, true) {
 		// The filter is what refuses a worker every socket family but
