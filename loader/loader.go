@@ -84,7 +84,7 @@ func open(path string, info *Info, target string, kernels []string) (*Library, e
 	}
 	unlockDL()
 	if h == nil {
-		return nil, &Error{Path: path, Reason: "dlopen failed: " + msg}
+		return nil, &Error{Path: path, Reason: dlopenFailed + msg}
 	}
 	l := &Library{Path: path, Target: target, Info: info, handle: h, syms: map[string]unsafe.Pointer{}}
 	if err := l.resolve(target, kernels); err != nil {

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"errors"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -32,7 +33,13 @@ import (
 //     could end its siblings' worker at will, a success between two kills
 //     clearing the function's back-off each time. Alone, its overruns end
 //     only its own worker, as in function scope. Marked by function and
-//     bundle, as hungAtLoad's is (a redeploy's bundle starts unmarked).
+//     bundle, as hungAtLoad's is (a redeploy's bundle starts unmarked);
+//   - a bundle whose library dlopen refused in its tenant's worker once
+//     that process held other programs (refusedBeside): what they hold
+//     can be the cause, which a fresh process would not have, and a
+//     refusal is the version's for good on this node (the engine's
+//     version.refused). It is loaded again at once in a worker of its own,
+//     and marked as hungAtLoad's is; refused there too, the refusal stands.
 
 // ownWorkers keeps, by library path (under a cache entry named by its
 // bundle's sha256: its bytes never change), why the bundle needs a worker
@@ -52,11 +59,11 @@ type ownWorkers struct {
 }
 
 // ownKey returns spec, its tenant made its function's and bundle's alone
-// where it needs a worker of its own (alone: its late loads are then
-// taken over by its next load, as any's, under that key; it is placed by
-// a key of one load's, placeKey).
-func (d *Device) ownKey(spec device.ProgramSpec) (_ device.ProgramSpec, alone bool) {
-	if !d.needsOwn(spec) {
+// where it needs a worker of its own or force says so (alone: its late
+// loads are then taken over by its next load, as any's, under that key; it
+// is placed by a key of one load's, placeKey).
+func (d *Device) ownKey(spec device.ProgramSpec, force bool) (_ device.ProgramSpec, alone bool) {
+	if !force && !d.needsOwn(spec) {
 		return spec, false
 	}
 	spec.Tenant += " (alone: " + spec.Manifest.Name + " " + filepath.Base(spec.Dir) + ")"
@@ -173,4 +180,42 @@ func (p *proc) holdsBeside(g *program) bool {
 		}
 	}
 	return false
+}
+
+// refusedBeside is a library's refusal by dlopen (loader.OpenFailed) in
+// its tenant's worker once that process held other programs, err: what
+// they hold may be the cause (glibc's static TLS reserve, which each
+// library with initial-exec TLS takes part of; the process's mappings; a
+// dependency of the same soname loaded for another), and a fresh process
+// may load it. loadShared loads it again in a worker of its own. It is no
+// *loader.Error: the engine takes one for a refusal that will not change
+// and refuses the version for good, and a late load's is told to no one
+// (lateLoss), its next load going alone.
+type refusedBeside struct{ err error }
+
+func (e *refusedBeside) Error() string {
+	return e.err.Error() + " (beside its tenant's other functions: it is loaded again in a worker of its own)"
+}
+
+// besideRefusal is err, the failure of g's load, as a refusedBeside where
+// it is one (g not alone), the bundle marked to run in a worker of its own
+// from now on (setOwn, which logs it once); else err as it is.
+func (d *Device) besideRefusal(spec device.ProgramSpec, g *program, alone bool, err error) error {
+	var le *loader.Error
+	if alone || !loader.OpenFailed(err) || !errors.As(err, &le) || !g.p.heldOthers() {
+		return err
+	}
+	d.setOwn(spec, filepath.Join(spec.Dir, spec.Manifest.Library),
+		"its library could not be loaded beside its tenant's other functions, which may hold what it needs ("+le.Reason+"); it is loaded again alone")
+	return &refusedBeside{err}
+}
+
+// heldOthers reports whether p, a tenant's worker, has held a program
+// other than the one loading now, at any time: ids are never reused, and
+// a program unloaded may leave its libraries mapped, its static TLS
+// taken.
+func (p *proc) heldOthers() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.tenant != nil && p.tenant.nextID > 1
 }

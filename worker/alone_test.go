@@ -3,6 +3,8 @@ package worker
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/loader"
 )
 
 // uniqueSource is a bundle whose answer is a C++ inline function's static,
@@ -172,5 +175,98 @@ func TestTenantHungBundleLoadsAloneForWaitingRequests(t *testing.T) {
 			return
 		case <-time.After(time.Millisecond): // its load holds a worker for 200 ms at least
 		}
+	}
+}
+
+// TestTenantLibraryRefusedBesideSiblingsLoadsAlone: a library whose dlopen
+// fails beside its tenant's other programs, for what they hold (here
+// glibc's static TLS reserve, which each library with initial-exec TLS
+// takes part of), is loaded again in a worker of its own, where it loads,
+// and runs there from then on (logged once, naming the function and why);
+// its siblings stay in the tenant's worker. One that fails alone too is
+// refused with the loader's message, as in function scope.
+func TestTenantLibraryRefusedBesideSiblingsLoadsAlone(t *testing.T) {
+	var logged testkit.LogBuffer
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner, TenantScope: true,
+		Log: slog.New(slog.NewTextHandler(&logged, nil))})
+	t.Cleanup(func() { d.Close() })
+	ma, mb := testkit.Manifest("first"), testkit.Manifest("second")
+	a := loadDir(t, d, "t", testkit.StaticTLSBundleDir(t, ma, 300), ma, nil)
+	plain := loadFor(t, d, "t", "", testkit.Manifest("plain"), nil)
+	if pidOf(a) != pidOf(plain) {
+		t.Fatal("the tenant's first two functions run in two workers")
+	}
+	dirB := testkit.StaticTLSBundleDir(t, mb, 300)
+	b := loadDir(t, d, "t", dirB, mb, nil)
+	echoes(t, b, mb)
+	echoes(t, a, ma)
+	if pidOf(b) == pidOf(a) || !strings.Contains(b.(*program).p.tenant.name, "(alone: ") {
+		t.Errorf("second runs in worker %d of %q, want one of its own beside first's %d", pidOf(b), b.(*program).p.tenant.name, pidOf(a))
+	}
+	if s := logged.String(); !strings.Contains(s, "worker of its own") || !strings.Contains(s, "function=second") || !strings.Contains(s, "static TLS") {
+		t.Errorf("the move to a worker of its own is not logged with the function and why:\n%s", s)
+	}
+	again := loadDir(t, d, "t", dirB, mb, nil) // its next load goes alone at once
+	if pidOf(again) == pidOf(a) || pidOf(again) == pidOf(b) {
+		t.Errorf("second's next load runs in worker %d (the tenant's %d, its first's %d), want a fresh one of its own", pidOf(again), pidOf(a), pidOf(b))
+	}
+
+	mc := testkit.Manifest("huge")
+	_, err := d.Load(context.Background(), device.ProgramSpec{Dir: testkit.StaticTLSBundleDir(t, mc, 64<<10), Manifest: mc, Tenant: "t"})
+	var le *loader.Error
+	if !errors.As(err, &le) || !strings.Contains(err.Error(), "static TLS") {
+		t.Fatalf("a library that cannot load alone either: %v, want the loader's refusal", err)
+	}
+	echoes(t, a, ma)
+	echoes(t, plain, testkit.Manifest("plain"))
+}
+
+// TestTenantLateLoadRefusedBesideSiblingsLoadsAlone: a load whose request
+// gave up at its deadline (it waited behind a sibling's slow load) and
+// that dlopen then refused beside the tenant's other programs is not told
+// to the function's next load as its refusal, which the engine would keep
+// for good: the next load goes to a worker of its own, and loads.
+func TestTenantLateLoadRefusedBesideSiblingsLoadsAlone(t *testing.T) {
+	d := tenantDevice(t)
+	ma, mb := testkit.Manifest("first"), testkit.Manifest("second")
+	a := loadDir(t, d, "t", testkit.StaticTLSBundleDir(t, ma, 300), ma, nil)
+	spec := device.ProgramSpec{Dir: testkit.StaticTLSBundleDir(t, mb, 300), Manifest: mb, Tenant: "t"}
+	slow := slowSpec(t, "slowsib", "-DSLOW_MS=700")
+	slowDone := make(chan struct{})
+	go func() {
+		defer close(slowDone)
+		if p, err := d.Load(context.Background(), slow); err == nil {
+			p.Close()
+		}
+	}()
+	waitFor(t, "the slow sibling's load on the tenant's worker's channel", func() bool {
+		a.(*program).p.mu.Lock()
+		defer a.(*program).p.mu.Unlock()
+		for _, g := range a.(*program).p.tenant.progs {
+			if g.name == "slowsib" && g.loadAsked.Load() {
+				return true
+			}
+		}
+		return false
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if p, err := d.Load(ctx, spec); !errors.Is(err, device.ErrDeadline) {
+		if p != nil {
+			p.Close()
+		}
+		t.Fatalf("second's load behind a load of 700 ms, within 100 ms: %v, want ErrDeadline", err)
+	}
+	awaitClosed(t, slowDone, "the slow sibling's load")
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := d.Load(ctx, spec)
+	if err != nil {
+		t.Fatalf("second's next load: %v, want it loaded in a worker of its own", err)
+	}
+	defer b.Close()
+	echoes(t, b, mb)
+	if pidOf(b) == pidOf(a) {
+		t.Errorf("second loaded beside first, in worker %d", pidOf(a))
 	}
 }

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -461,12 +462,31 @@ func (g *program) load(ctx context.Context, bound time.Duration, mj []byte) (wir
 }
 
 // loadShared loads spec's program into its tenant's worker (tenant.go),
-// taking one for the tenant if it has none. A program that fails to load
-// leaves the others there alone; a process whose load failed by its death
-// takes them along (their losses collateral).
+// taking one for the tenant if it has none, or into a worker of its own
+// (alone.go). A program that fails to load leaves the others there alone;
+// a process whose load failed by its death takes them along (their losses
+// collateral). A library that dlopen refused beside other programs
+// (refusedBeside) is loaded again, once, in a worker of its own: its
+// refusal stands only if it fails there too.
 func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []byte, consts int64) (device.Program, error) {
+	g, err := d.loadTenant(ctx, spec, mj, consts, false)
+	var rb *refusedBeside
+	if !errors.As(err, &rb) {
+		return g, err
+	}
+	g, err = d.loadTenant(ctx, spec, mj, consts, true)
+	if err != nil && loader.OpenFailed(err) {
+		d.opts.Log.Warn("the function's library was refused in a worker of its own too: the refusal stands", "function", spec.Manifest.Name,
+			"tenant", spec.Tenant, "bundle", filepath.Base(spec.Dir), "error", err.Error())
+	}
+	return g, err
+}
+
+// loadTenant is loadShared's one try: in a worker of its own if the bundle
+// needs one or if alone, else in its tenant's.
+func (d *Device) loadTenant(ctx context.Context, spec device.ProgramSpec, mj []byte, consts int64, alone bool) (device.Program, error) {
 	asked := spec
-	spec, _ = d.ownKey(asked)
+	spec, _ = d.ownKey(asked, alone)
 	if g, ok, err := d.takeLate(ctx, spec); ok {
 		if err != nil {
 			return nil, err
@@ -475,7 +495,7 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 	}
 	// Again: a late load this one waited for may have hung meanwhile,
 	// and the bundle be one to load alone now.
-	spec, alone := d.ownKey(asked)
+	spec, alone = d.ownKey(asked, alone)
 	place := spec
 	if alone {
 		place = d.own.placeKey(spec)
@@ -532,7 +552,7 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 			// removes it from.
 			err = g.faulted(rep.Text, "loading the bundle")
 		case rep.St != wire.StOK:
-			err = wire.ErrorOf(rep.St, rep.Text)
+			err = d.besideRefusal(spec, g, alone, wire.ErrorOf(rep.St, rep.Text))
 		}
 		res <- loaded{rep, err}
 	}()

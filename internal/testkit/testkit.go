@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -200,6 +201,27 @@ func UnloadableBundleDir(t testing.TB, m *abi.Manifest) string {
 	if err := os.Remove(filepath.Join(dep, "libploverdep.so")); err != nil {
 		t.Fatal(err)
 	}
+	return dir
+}
+
+// StaticTLSBundleDir writes a bundle directory for m whose library is the
+// test kernels with tlsBytes of initial-exec thread-local storage, as
+// -ftls-model=initial-exec or a statically linked runtime makes: dlopen
+// places it in glibc's static TLS reserve, which every library a process
+// loads shares (rtld.optional_static_tls, 512 bytes by default). Two of
+// 300 bytes cannot both load into one process, though each loads alone.
+func StaticTLSBundleDir(t testing.TB, m *abi.Manifest, tlsBytes int) string {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "tls.cu")
+	body := "#include \"" + KernelsSource() + "\"\n" +
+		"__attribute__((tls_model(\"initial-exec\"))) __thread char plover_test_tls[" + strconv.Itoa(tlsBytes) + "];\n" +
+		"extern \"C\" char *plover_test_tls_at(int i) { return &plover_test_tls[i]; }\n"
+	if err := os.WriteFile(src, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	BuildLib(t, src, dir, m.Library)
+	WriteManifest(t, dir, m)
 	return dir
 }
 
