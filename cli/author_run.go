@@ -75,7 +75,12 @@ func runCmd() *command {
 				}
 				defer of.abort()
 			}
-			sigs.pending(of)
+			// With the output to stdout, caught to the end of the run:
+			// no write of it can block before then, and a second ^C
+			// ended the run's clean-up midway, its stage left behind.
+			if of != nil {
+				sigs.pending(of)
+			}
 			rep, output, err := runLocal(sigs.ctx, dir, input, repeat, timeout, checked, env.Stderr)
 			if err != nil && of != nil && of.whole() && sigs.ctx.Err() != nil {
 				return fmt.Errorf("%w (--out %s left as it was)", err, out)

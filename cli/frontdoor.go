@@ -155,7 +155,7 @@ func (d *frontDoor) listen(ctx context.Context) (net.Listener, string, error) {
 	if d.cert.Load() != nil {
 		// Plain text would only garble a TLS handshake: the 503 goes
 		// after one, off the accepting goroutine.
-		d.guard.Refuse = refuseTLS(d.tlsConfig(), func(c net.Conn) {
+		d.guard.Refuse = refuseTLS(d.tlsConfig(), func(c net.Conn, _ time.Time) {
 			if _, err := c.Write(rejectResponse); err == nil {
 				netguard.CloseLingering(c, c)
 			}
@@ -208,22 +208,25 @@ func (d *frontDoor) listenGRPC(ctx context.Context) (net.Listener, *tls.Config, 
 		conf = d.tlsConfig()
 		h2 := d.tlsConfig()
 		h2.NextProtos = []string{"h2"} // gRPC-Go's clients require it
-		refuse = refuseTLS(h2, refuse)
+		refuse = refuseTLS(h2, func(c net.Conn, deadline time.Time) { grpcapi.Refuse(c, capMessage, deadline) })
 	}
 	g := &netguard.Listener{Listener: ln, Share: d.guard, Refuse: refuse, OnError: d.guard.OnError, OnReject: d.guard.OnReject}
 	return g, conf, nil
 }
 
 // refuseTLS is a netguard Refuse that says why, with then, over TLS: the
-// handshake and then are bounded by refuseWithin together.
-func refuseTLS(conf *tls.Config, then func(net.Conn)) func(net.Conn) {
+// handshake and then are bounded by refuseWithin together (then is given
+// the deadline). The socket is closed, not the TLS connection, whose
+// close writes its alert under a deadline of its own, 5 s.
+func refuseTLS(conf *tls.Config, then func(net.Conn, time.Time)) func(net.Conn) {
 	return func(c net.Conn) {
+		defer c.Close()
 		t := tls.Server(c, conf)
-		defer t.Close()
-		if t.SetDeadline(time.Now().Add(refuseWithin)) != nil || t.Handshake() != nil {
+		deadline := time.Now().Add(refuseWithin)
+		if t.SetDeadline(deadline) != nil || t.Handshake() != nil {
 			return
 		}
-		then(t)
+		then(t, deadline)
 	}
 }
 

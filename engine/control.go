@@ -386,12 +386,11 @@ func (c *Control) Delete(ctx context.Context, name string, force bool) error {
 // landed meanwhile, but for one store call's window.
 func (c *Control) DeleteCurrent(ctx context.Context, name, version string) error {
 	return c.deleteIf(ctx, name, false, func(r *api.Record) error {
-		if r == nil || r.Current != version {
-			cur := "none readable"
-			if r != nil {
-				cur = r.Current
-			}
-			return errorf(errdefs.KindConflict, nil, "function %s is left alone: its current version is %s now, not %s, which the delete was for (deployed or rolled back since)", name, cur, version)
+		switch {
+		case r == nil:
+			return errorf(errdefs.KindConflict, nil, "function %s is left alone: its record does not decode now, so whether %s is still its current version is unknown", name, version)
+		case r.Current != version:
+			return errorf(errdefs.KindConflict, nil, "function %s is left alone: its current version is %s now, not %s, which the delete was for (deployed or rolled back since)", name, r.Current, version)
 		}
 		return nil
 	})

@@ -38,6 +38,11 @@ func Refuse(c net.Conn, msg string, deadline time.Time) {
 		return
 	}
 	fr := http2.NewFramer(c, in)
+	// A frame's buffer is made at the length its header claims, before
+	// its body is read: at the default bound, 16 MiB for a header of 9
+	// bytes. 16 KiB is HTTP/2's initial SETTINGS_MAX_FRAME_SIZE, which
+	// the settings sent here leave as it is: a client may send no more.
+	fr.SetMaxReadFrameSize(16 << 10)
 	if fr.WriteSettings() != nil {
 		return
 	}

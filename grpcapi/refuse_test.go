@@ -3,6 +3,7 @@ package grpcapi_test
 import (
 	"io"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 
@@ -58,5 +59,25 @@ func TestRefuseSaysWhy(t *testing.T) {
 			t.Errorf("a client that sent %q read %q (%v) and was closed after %v; want nothing, closed by %v", hello, b, err, took.Round(time.Millisecond), within)
 		}
 		c.Close()
+	}
+}
+
+// A refused client's frame is read at most at HTTP/2's initial frame size:
+// a header claiming 16 MiB made Refuse allocate that much for 9 bytes
+// sent, 32 refusals at once half a GiB.
+func TestRefuseReadsNoLargeFrame(t *testing.T) {
+	srv, cli := net.Pipe()
+	go io.Copy(io.Discard, cli) // the server's settings
+	go func() {
+		cli.Write([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
+		cli.Write([]byte{0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 1}) // DATA on stream 1, 16 MiB - 1 claimed
+	}()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	grpcapi.Refuse(srv, "full", time.Now().Add(5*time.Second))
+	runtime.ReadMemStats(&after)
+	cli.Close()
+	if got := after.TotalAlloc - before.TotalAlloc; got > 1<<20 {
+		t.Fatalf("a refusal allocated %d bytes for a frame header claiming 16 MiB; want at most 1 MiB", got)
 	}
 }

@@ -85,8 +85,10 @@ type Listener struct {
 	// Reject being written: on a goroutine of its own, so that a refusal
 	// that must speak a protocol first (a TLS handshake, HTTP/2's
 	// preface) to say why does not hold Accept. At most MaxRefusing run
-	// at once; a connection past them is closed at once. Refuse must
-	// close c and end within a bound of its own (a second or two): a
+	// at once, one a client (ClientKey): a connection past them is closed
+	// at once, so that one client refused again and again cannot take
+	// every refusal's place, and the CPU of as many handshakes. Refuse
+	// must close c and end within a bound of its own (a second or two): a
 	// refused client holds a descriptor, outside Max, while it runs.
 	Refuse func(c net.Conn)
 	// OnError, if set, is called with each accept error being retried. It
@@ -100,7 +102,6 @@ type Listener struct {
 	Share *Listener
 
 	open     atomic.Int64
-	refusing atomic.Int64 // Refuse calls under way
 	rejected atomic.Uint64
 	retried  atomic.Uint64
 	backoff  atomic.Int64 // the accept back-off in progress (Accept)
@@ -109,6 +110,8 @@ type Listener struct {
 	done   chan struct{} // closed by Close; ends a back-off early
 	closed bool
 	byIP   map[string]int // open connections per client address, with PerClient
+	// refusing: the clients with a Refuse under way
+	refusing map[string]bool
 }
 
 // NewListener wraps inner with a cap of max connections open at once
@@ -222,34 +225,61 @@ const MaxRefusing = 32
 // reject closes c, which is over the cap, after writing Reject to it, or
 // hands it to Refuse.
 func (l *Listener) reject(c net.Conn) {
+	// Counted first: a refusal on its own goroutine may end before this
+	// one goes on.
+	l.rejected.Add(1)
+	if l.OnReject != nil {
+		l.OnReject()
+	}
 	switch {
-	case l.Refuse != nil && l.refusing.Add(1) <= MaxRefusing:
-		go l.refuse(c)
 	case l.Refuse != nil:
-		l.refusing.Add(-1)
-		c.Close()
+		if key := ClientKey(c.RemoteAddr()); l.startRefusal(key) {
+			go l.refuse(c, key)
+		} else {
+			c.Close()
+		}
 	default:
 		if len(l.Reject) > 0 && c.SetWriteDeadline(time.Now().Add(rejectWriteTimeout)) == nil {
 			c.Write(l.Reject)
 		}
 		c.Close()
 	}
-	l.rejected.Add(1)
-	if l.OnReject != nil {
-		l.OnReject()
-	}
 }
 
 // refuse runs Refuse on c; a panic in it closes c and is dropped: no
 // server recovers this goroutine, and a refusal is best effort.
-func (l *Listener) refuse(c net.Conn) {
+func (l *Listener) refuse(c net.Conn, client string) {
 	defer func() {
 		if recover() != nil {
 			c.Close()
 		}
-		l.refusing.Add(-1)
+		l.mu.Lock()
+		delete(l.refusing, client)
+		l.mu.Unlock()
 	}()
 	l.Refuse(c)
+}
+
+// startRefusal takes a place for a Refuse of client's connection: false
+// where client has one under way, or MaxRefusing are.
+func (l *Listener) startRefusal(client string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.refusing[client] || len(l.refusing) >= MaxRefusing {
+		return false
+	}
+	if l.refusing == nil {
+		l.refusing = map[string]bool{}
+	}
+	l.refusing[client] = true
+	return true
+}
+
+// Refusing is how many Refuse calls are under way.
+func (l *Listener) Refusing() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.refusing)
 }
 
 // Close closes the inner listener and ends a back-off in progress: Accept

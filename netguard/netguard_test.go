@@ -1589,9 +1589,10 @@ func TestReleasePastGivesBackMoreThanMax(t *testing.T) {
 }
 
 // TestRefuseRunsBesideAccept: a Refuse that takes its time holds neither
-// Accept nor the served clients; at most MaxRefusing run at once, a
-// connection past them is closed at once; a Refuse that panics closes its
-// connection and gives its place back.
+// Accept nor the served clients; at most MaxRefusing run at once, one a
+// client: a connection past them, or a client's second while its first is
+// refused, is closed at once; a Refuse that panics closes its connection
+// and gives its place back.
 func TestRefuseRunsBesideAccept(t *testing.T) {
 	ln := NewListener(listenLoopback(t), 1)
 	release := make(chan struct{})
@@ -1612,24 +1613,29 @@ func TestRefuseRunsBesideAccept(t *testing.T) {
 	if !ok {
 		t.Fatal("the first connection was not served")
 	}
-	dialSent := func(b string) net.Conn {
-		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	// Each client its own loopback address (127.0.0.0/8 is loopback).
+	dialSent := func(client int, b string) net.Conn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+client))}, Timeout: 5 * time.Second}
+		c, err := d.Dial("tcp", addr)
 		if err != nil {
-			t.Fatal(err)
+			t.Skipf("no loopback address 127.0.0.%d here: %v", 2+client, err)
 		}
 		c.Write([]byte(b))
 		return c
 	}
+	closedAtOnce := func(c net.Conn, what string) {
+		t.Helper()
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if b, err := io.ReadAll(c); len(b) != 0 || err != nil {
+			t.Fatalf("%s read %q, %v; want it closed at once", what, b, err)
+		}
+	}
 	var waiting []net.Conn
-	for range MaxRefusing {
-		waiting = append(waiting, dialSent("?"))
+	for i := range MaxRefusing {
+		waiting = append(waiting, dialSent(i, "?"))
 	}
 	waitFor(t, 10*time.Second, "every Refuse under way", func() bool { return inRefuse.Load() == MaxRefusing })
-	past := dialSent("") // nothing unread: closed, not reset
-	past.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if b, err := io.ReadAll(past); len(b) != 0 || err != nil {
-		t.Fatalf("a connection past %d refusals under way read %q, %v; want it closed at once", MaxRefusing, b, err)
-	}
+	closedAtOnce(dialSent(MaxRefusing, ""), fmt.Sprintf("a connection past %d refusals under way", MaxRefusing)) // nothing unread: closed, not reset
 	held.Close()
 	waitFor(t, 5*time.Second, "the held slot freed", func() bool { return ln.Open() == 0 })
 	if c, ok := dialServed(t, addr, nil); !ok {
@@ -1645,13 +1651,16 @@ func TestRefuseRunsBesideAccept(t *testing.T) {
 		}
 		c.Close()
 	}
-	bad := dialSent("!")
-	bad.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if b, err := io.ReadAll(bad); len(b) != 0 || err != nil {
-		t.Fatalf("the connection of a Refuse that panicked read %q, %v; want it closed", b, err)
-	}
-	waitFor(t, 5*time.Second, "the refusals' places given back", func() bool { return ln.refusing.Load() == 0 })
-	if got, want := ln.Rejected(), uint64(MaxRefusing+2); got != want {
+	waitFor(t, 5*time.Second, "the refusals' places given back", func() bool { return ln.Refusing() == 0 })
+	release = make(chan struct{})
+	first := dialSent(0, "?")
+	waitFor(t, 10*time.Second, "a client's refusal under way", func() bool { return inRefuse.Load() == MaxRefusing+1 })
+	closedAtOnce(dialSent(0, ""), "a client's second connection while its first was refused")
+	close(release)
+	first.Close()
+	closedAtOnce(dialSent(1, "!"), "the connection of a Refuse that panicked")
+	waitFor(t, 5*time.Second, "the refusals' places given back", func() bool { return ln.Refusing() == 0 })
+	if got, want := ln.Rejected(), uint64(MaxRefusing+4); got != want {
 		t.Errorf("Rejected() = %d, want %d", got, want)
 	}
 	held.Close()

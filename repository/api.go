@@ -286,7 +286,7 @@ func (r *Repository) Unload(ctx context.Context, name string) error {
 		return errdefs.New(errdefs.KindOf(err), err, "unload %s: whether its function is the repository's could not be read: %v", name, err)
 	}
 	if ours {
-		if err := r.deleteOurs(ctx, name); err != nil {
+		if _, err := r.deleteOurs(ctx, name); err != nil {
 			return fmt.Errorf("unload %s: %w", name, err)
 		}
 	}

@@ -21,13 +21,19 @@ import (
 type racingNode struct {
 	*fakeNode
 	at    string
-	body  []byte
+	body  []byte // nil: a rollback to the first version lands instead
 	once  sync.Once
 	reads int
 }
 
 func (n *racingNode) land(ctx context.Context) {
-	n.once.Do(func() { n.fakeNode.DeployLabeled(ctx, "cnn", "", false, bytes.NewReader(n.body)) })
+	n.once.Do(func() {
+		if n.body == nil {
+			n.fakeNode.Rollback(ctx, "cnn", "id-1")
+			return
+		}
+		n.fakeNode.DeployLabeled(ctx, "cnn", "", false, bytes.NewReader(n.body))
+	})
 }
 
 func (n *racingNode) Versions(ctx context.Context, name string) (*api.Record, error) {
@@ -81,16 +87,7 @@ func TestADeployLandingAsTheRepositoryDeletesIsLeftAlone(t *testing.T) {
 				node.mu.Lock()
 				node.at, node.reads = at, 0
 				node.mu.Unlock()
-				if how == "unload" {
-					if err := r.Unload(ctx, "cnn"); err != nil {
-						t.Fatalf("unload: %v", err)
-					}
-				} else {
-					if err := os.RemoveAll(filepath.Join(root, "cnn")); err != nil {
-						t.Fatal(err)
-					}
-					r.Scan(ctx)
-				}
+				unloadOrRemove(t, r, root, how)
 				rec, err := node.fakeNode.Versions(ctx, "cnn")
 				if err != nil {
 					t.Fatalf("the deploy that landed meanwhile went with the repository's function: %v", err)
@@ -101,4 +98,53 @@ func TestADeployLandingAsTheRepositoryDeletesIsLeftAlone(t *testing.T) {
 			})
 		}
 	}
+}
+
+// A rollback to another of the folders' versions that lands as the
+// repository deletes the function leaves it the repository's: it is
+// deleted all the same. Taken for a landing that was someone else's, it
+// was left serving for good, with no folder and no entry in the index.
+func TestARollbackLandingAsTheRepositoryDeletesIsStillDeleted(t *testing.T) {
+	for _, how := range []string{"unload", "folder removed"} {
+		t.Run(how, func(t *testing.T) {
+			ctx := context.Background()
+			root := filepath.Join(t.TempDir(), "models")
+			writeBundle(t, filepath.Join(root, "cnn", "1"), "cnn", false)
+			writeBundle(t, filepath.Join(root, "cnn", "2"), "cnn", true)
+			age(t, root)
+			node := &racingNode{fakeNode: newFakeNode()}
+			r, err := New(Config{Dir: root, Settle: time.Millisecond}, node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Scan(ctx)
+			if rec, err := node.fakeNode.Versions(ctx, "cnn"); err != nil || rec.Current != "id-2" {
+				t.Fatalf("start: %+v, %v; want version 2 (id-2) current", rec, err)
+			}
+			node.mu.Lock()
+			node.at = "delete"
+			node.mu.Unlock()
+			unloadOrRemove(t, r, root, how)
+			if rec, err := node.fakeNode.Versions(ctx, "cnn"); err == nil {
+				t.Fatalf("the function is still there, current %s; want it deleted", rec.Current)
+			}
+		})
+	}
+}
+
+// unloadOrRemove takes cnn from r as how says: an unload, or its folder
+// under root removed and a scan.
+func unloadOrRemove(t *testing.T, r *Repository, root, how string) {
+	t.Helper()
+	ctx := context.Background()
+	if how == "unload" {
+		if err := r.Unload(ctx, "cnn"); err != nil {
+			t.Fatalf("unload: %v", err)
+		}
+		return
+	}
+	if err := os.RemoveAll(filepath.Join(root, "cnn")); err != nil {
+		t.Fatal(err)
+	}
+	r.Scan(ctx)
 }

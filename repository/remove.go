@@ -27,11 +27,14 @@ func (r *Repository) remove(ctx context.Context, m *model) error {
 	if !ours {
 		return nil
 	}
-	if err := r.deleteOurs(ctx, m.name); err != nil {
+	deleted, err := r.deleteOurs(ctx, m.name)
+	if err != nil {
 		r.cfg.Log.Warn("model repository: a removed folder's function could not be deleted", "model", m.name, "error", err)
 		return err
 	}
-	r.cfg.Log.Info("model repository: removed", "model", m.name)
+	if deleted {
+		r.cfg.Log.Info("model repository: removed", "model", m.name)
+	}
 	return nil
 }
 
@@ -43,44 +46,49 @@ func (r *Repository) remove(ctx context.Context, m *model) error {
 // pipeline runs), the function serving on, until its owner rolls it back
 // or deletes it. A function made by the repository alone, whose versions
 // it unlabels itself as their folders go, has no mark.
-func (r *Repository) deleteOurs(ctx context.Context, name string) error {
-	rec, err := r.node.Versions(ctx, name)
-	if errdefs.KindOf(err) == errdefs.KindNotFound {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	var over string
-	for _, v := range rec.Versions { // the last take-over
-		if v.Over != "" {
-			over = v.Over
+func (r *Repository) deleteOurs(ctx context.Context, name string) (deleted bool, err error) {
+	// Tried again while a deploy or rollback lands between its read and
+	// the delete's (the engine's DeleteCurrent refuses a version no longer
+	// current): the function is then decided anew, from what is current.
+	for try := 1; ; try++ {
+		rec, err := r.node.Versions(ctx, name)
+		if errdefs.KindOf(err) == errdefs.KindNotFound {
+			return false, nil
 		}
-	}
-	if over != "" {
-		return errdefs.New(errdefs.KindConflict, nil, "function %s had a version deployed otherwise (plover deploy) current when its folder took it over (%s, the last time), so it is not the repository's to delete; it serves on: plover rollback %s VERSION gives it back one of its versions (plover versions %s lists them; then unload it again if its folder is still there), plover rm %s deletes it", name, over, name, name, name)
-	}
-	// Its owner decided from an earlier read (labelledErr, stillOurs):
-	// a plover deploy that landed since made an unlabelled version
-	// current, and is left alone, as it would have been a read earlier.
-	if v, err := rec.CurrentVersion(); err != nil || v.Label == "" {
-		r.cfg.Log.Info("model repository: its function was deployed otherwise since (plover deploy): left alone", "model", name)
-		return nil
-	}
-	err = r.node.DeleteCurrent(ctx, name, rec.Current)
-	switch errdefs.KindOf(err) {
-	case errdefs.KindNotFound:
-		return nil
-	case errdefs.KindConflict:
-		if again, rerr := r.node.Versions(ctx, name); rerr == nil && again.Current != rec.Current {
-			// Made current by a deploy or rollback between this read
-			// and the delete's: whoever did it has the function now;
-			// the next unload or scan decides again from its label.
-			r.cfg.Log.Info("model repository: its function's current version changed as it was deleted: left alone", "model", name, "error", err)
-			return nil
+		if err != nil {
+			return false, err
 		}
+		var over string
+		for _, v := range rec.Versions { // the last take-over
+			if v.Over != "" {
+				over = v.Over
+			}
+		}
+		if over != "" {
+			return false, errdefs.New(errdefs.KindConflict, nil, "function %s had a version deployed otherwise (plover deploy) current when its folder took it over (%s, the last time), so it is not the repository's to delete; it serves on: plover rollback %s VERSION gives it back one of its versions (plover versions %s lists them; then unload it again if its folder is still there), plover rm %s deletes it", name, over, name, name, name)
+		}
+		// Its owner decided from an earlier read (labelledErr, stillOurs):
+		// a plover deploy that landed since made an unlabelled version
+		// current, and is left alone, as it would have been a read earlier.
+		if v, err := rec.CurrentVersion(); err != nil || v.Label == "" {
+			r.cfg.Log.Info("model repository: its function was deployed otherwise since (plover deploy): left alone", "model", name)
+			return false, nil
+		}
+		err = r.node.DeleteCurrent(ctx, name, rec.Current)
+		switch errdefs.KindOf(err) {
+		case errdefs.KindNotFound:
+			return false, nil
+		case errdefs.KindConflict:
+			// A pipeline's 409 leaves the current version as it was; a
+			// landing changed it, and is decided anew (a rollback to one
+			// of the folders' versions is still the repository's).
+			again, rerr := r.node.Versions(ctx, name)
+			if try < 3 && (rerr == nil && again.Current != rec.Current || errdefs.KindOf(rerr) == errdefs.KindNotFound) {
+				continue
+			}
+		}
+		return err == nil, err
 	}
-	return err
 }
 
 // errNoBundle is a model folder with no bundle: no manifest at its top
