@@ -448,7 +448,7 @@ func TestADeployWritingToTheStoreHoldsNoTurn(t *testing.T) {
 }
 
 // A version whose cached bundle is damaged while another version of the
-// same bundle holds it loaded (a request still running on it) is
+// same bundle holds it loaded (one a request named, idle until reaped) is
 // answered 503 saying so, naming no path of the node's (the log has
 // them): the cache cannot replace the files under the holder.
 func TestADamagedBundleInUseIsTheNodes503(t *testing.T) {
@@ -457,29 +457,27 @@ func TestADamagedBundleInUseIsTheNodes503(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := testkit.Engine(t, engine.Config{Cache: c})
-	m := testkit.Slow("fn", 3000)
+	m := testkit.Manifest("fn")
 	m.Constants = "w.bin"
 	dir := testkit.BundleDir(t, m, make([]byte, 4096))
 	first := testkit.Deploy(t, e, dir)
+	testkit.ForceDeploy(t, e, dir) // the same bundle, a version of its own, current
 	ctx := context.Background()
-	running := make(chan error, 1)
-	go func() { running <- e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")}) }()
-	for deadline := time.Now().Add(10 * time.Second); c.Stats().InUse == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the first version did not load its bundle within 10 s")
-		}
+	pin, err := e.PinVersion(ctx, "fn", first.Version, time.Now().Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pin.Release()
+	if err := pin.Invoke(ctx, &call.Request{Input: []byte("x")}); err != nil { // first loaded: it holds the bundle
+		t.Fatal(err)
 	}
 	w := filepath.Join(c.Dir(), first.SHA256, "w.bin")
 	if err := os.WriteFile(w, make([]byte, 4095), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	testkit.ForceDeploy(t, e, dir) // the same bundle, a version of its own, current
 	err = e.Invoke(ctx, "fn", &call.Request{Input: []byte("x")})
 	var de *errdefs.Error
 	if !errors.As(err, &de) || de.Kind != errdefs.KindUnavailable || !strings.Contains(de.Msg, "is damaged and still in use") || strings.Contains(de.Msg, c.Dir()) {
 		t.Fatalf("a version of a damaged bundle another version holds: %v; want 503 saying so, naming no path", err)
-	}
-	if err := <-running; err != nil {
-		t.Fatalf("the first version's request: %v", err)
 	}
 }
