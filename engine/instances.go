@@ -1,9 +1,11 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,20 +18,16 @@ import (
 	"github.com/plover-run/plover/sched"
 )
 
-// newInstance creates an instance of v on the healthy device with the most
-// free memory of those whose whole memory could hold it, loading v's program there first if needed and evicting idle
-// functions when the device's memory budget requires it.
+// newInstance creates an instance of v on a healthy device whose whole
+// memory could hold it, the one with the most room first (reserveOn),
+// loading v's program there first if needed and evicting idle functions
+// when the device's memory budget requires it.
 func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.Start, error) {
-	best, err := e.pickDevice(v)
+	devs, err := e.pickDevices(v)
 	if err != nil {
 		return nil, call.Warm, err
 	}
-	m := v.manifest
-	need := instanceBytes(m)
-	if v.pool.placement(best) == nil {
-		need += v.constSize
-	}
-	unreserve, err := e.mem.reserve(best, need, v)
+	best, need, unreserve, err := e.reserveOn(v, devs)
 	if err != nil {
 		return nil, call.Warm, err
 	}
@@ -45,6 +43,7 @@ func (e *Engine) newInstance(ctx context.Context, v *version) (*instance, call.S
 	// it is stopped at the request's deadline (ctx carries it).
 	dl, _ := ctx.Deadline()
 	t0 := time.Now()
+	m := v.manifest
 	inst, err := p.prog.NewInstance(device.InstanceConfig{MaxInput: m.MaxInputBytes, Tmp: m.TmpBytes, Out: m.OutBytes, Deadline: dl})
 	made := time.Since(t0)
 	if err != nil {
@@ -105,10 +104,15 @@ func waitFree(ctx context.Context, dev device.Device, room func() int64, need in
 	}
 }
 
-func (e *Engine) pickDevice(v *version) (device.Device, error) {
+// pickDevices is the healthy devices of v's target whose whole memory
+// could hold v, the one with the most room first: free memory less what
+// loads under way reserved there (two cold starts at once went to the same
+// device, the second refused while another had room), and more when
+// evictions are freeing it.
+func (e *Engine) pickDevices(v *version) ([]device.Device, error) {
 	target := v.manifest.Target
-	var best device.Device
-	var bestFree int64
+	var devs []device.Device
+	room := map[device.Device]int64{}
 	var lastErr error
 	var tooSmall *abi.FieldError // the last device that could never hold v
 	for _, d := range e.cfg.Devices {
@@ -124,21 +128,45 @@ func (e *Engine) pickDevice(v *version) (device.Device, error) {
 			tooSmall = fe
 			continue
 		}
-		if best == nil || mi.Free > bestFree {
-			best, bestFree = d, mi.Free
-		}
+		devs = append(devs, d)
+		room[d] = e.mem.room(d, mi.Free)
 	}
-	if best == nil && tooSmall != nil && lastErr == nil { // a faulted device might have held it: 503 below
+	if devs == nil && tooSmall != nil && lastErr == nil { // a faulted device might have held it: 503 below
 		return nil, errorf(errdefs.KindInvalid, tooSmall, "function %s: %s", v.fn.name, tooSmall.Error())
 	}
-	if best == nil && lastErr == nil {
+	if devs == nil && lastErr == nil {
 		// A store shared by nodes of several kinds: this one cannot run it.
 		return nil, errorf(errdefs.KindUnavailable, nil, "function %s is built for %q and this node has no such device (its devices run %s): send it to a node that has one", v.fn.name, target, strings.Join(quoted(e.targets), " and "))
 	}
-	if best == nil {
+	if devs == nil {
 		return nil, errorf(errdefs.KindUnavailable, lastErr, "function %s: no healthy %s device", v.fn.name, target)
 	}
-	return best, nil
+	slices.SortStableFunc(devs, func(a, b device.Device) int { return cmp.Compare(room[b], room[a]) })
+	return devs, nil
+}
+
+// reserveOn reserves the memory an instance of v needs (and its program's,
+// where not loaded there) on the first of devs that has it or can make it
+// by evicting idle functions, and returns that device, the bytes reserved
+// and the func that gives them back. A device refused for room is no
+// answer while another may have it: the room picked by is a reading
+// already old, and the device with the most free memory may have nothing
+// idle to evict where another has. Only once every device refused is the
+// request refused, with what each needed.
+func (e *Engine) reserveOn(v *version, devs []device.Device) (device.Device, int64, func(), error) {
+	var short []*shortage
+	for _, d := range devs {
+		need := instanceBytes(v.manifest)
+		if v.pool.placement(d) == nil {
+			need += v.constSize
+		}
+		unreserve, s := e.mem.reserve(d, need, v)
+		if s == nil {
+			return d, need, unreserve, nil
+		}
+		short = append(short, s)
+	}
+	return nil, 0, nil, noRoom(v.fn.name, short)
 }
 
 // biller is a program that finds device time it used outside its runs

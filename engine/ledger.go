@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -83,21 +84,56 @@ func fitsDevice(m *abi.Manifest, constSize int64, dev device.Device, total int64
 // evicted when everything evictable would still not be enough. The
 // returned func gives the reservation back once the allocation is done (or
 // failed).
-func (l *ledger) reserve(dev device.Device, need int64, forV *version) (func(), error) {
+func (l *ledger) reserve(dev device.Device, need int64, forV *version) (func(), *shortage) {
 	ev := eviction{dev: dev}
 	var avail int64
 	// Deferred: a panic in plan (MemInfo, the Evictor) after it took
 	// victims still closes them, outside the lock (plan's defer first).
 	defer func() { l.free(ev, need, avail) }()
-	err := l.plan(dev, need, forV, &ev, &avail)
-	if err != nil {
-		return nil, err
+	if s := l.plan(dev, need, forV, &ev, &avail); s != nil {
+		return nil, s
 	}
 	return func() {
 		l.mu.Lock()
 		l.pending[dev] -= need
 		l.mu.Unlock()
 	}, nil
+}
+
+// shortage is a reservation refused for room on dev: the bytes it needed,
+// those available there (free, less other loads' reservations) and dev's
+// total; inUse: idle functions held enough, but the Evictor or requests
+// meanwhile left too little of it to take.
+type shortage struct {
+	dev                device.Device
+	need, avail, total int64
+	inUse              bool
+}
+
+// noRoom is the 503 of a function that no device had room for (short:
+// each device's refusal, in the order tried).
+func noRoom(name string, short []*shortage) error {
+	if len(short) == 1 {
+		s := short[0]
+		why := ", and idle functions hold too little to make up the rest"
+		if s.inUse {
+			why = "; everything else is in use"
+		}
+		return errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d%s", name, s.need, s.dev.Name(), s.avail, s.total, why)
+	}
+	each := make([]string, len(short))
+	for i, s := range short {
+		each[i] = fmt.Sprintf("%d bytes on %s, where %d are free of %d", s.need, s.dev.Name(), s.avail, s.total)
+	}
+	return errorf(errdefs.KindUnavailable, nil, "function %s needs %s; no device of the node can make that room by evicting idle functions", name, strings.Join(each, "; "))
+}
+
+// room is what dev has for a new reservation, given free (its MemInfo's):
+// less what loads under way reserved, plus what evictions are freeing.
+func (l *ledger) room(dev device.Device, free int64) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return free + l.freeing[dev] - l.pending[dev]
 }
 
 // pendingOn is the bytes reserved on dev for allocations under way: what
@@ -113,7 +149,7 @@ func (l *ledger) pendingOn(dev device.Device) int64 {
 // available. The lock is released by a defer: the device's MemInfo and the
 // Evictor are called under it, and a panic there, recovered by a
 // transport, must not lock every later load out.
-func (l *ledger) plan(dev device.Device, need int64, forV *version, evp *eviction, availp *int64) error {
+func (l *ledger) plan(dev device.Device, need int64, forV *version, evp *eviction, availp *int64) *shortage {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	defer func() { l.freeing[dev] += evp.bytes }() // what was taken, however plan ends
@@ -125,8 +161,7 @@ func (l *ledger) plan(dev device.Device, need int64, forV *version, evp *evictio
 	*availp = avail
 	if avail < need {
 		if avail+l.reclaimable(dev, forV) < need {
-			return errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d, and idle functions hold too little to make up the rest",
-				forV.fn.name, need, dev.Name(), max(avail, 0), mi.Total)
+			return &shortage{dev: dev, need: need, avail: max(avail, 0), total: mi.Total}
 		}
 		var idle []evict.Idle
 		var from []idleRef
@@ -146,8 +181,7 @@ func (l *ledger) plan(dev device.Device, need int64, forV *version, evp *evictio
 					continue
 				}
 			}
-			return errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d; everything else is in use",
-				forV.fn.name, need, dev.Name(), max(avail, 0), mi.Total)
+			return &shortage{dev: dev, need: need, avail: max(avail, 0), total: mi.Total, inUse: true}
 		}
 	}
 	l.pending[dev] += need
