@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -90,7 +91,12 @@ func (l *ledger) reserve(dev device.Device, need int64, forV *version) (func(), 
 	// Deferred: a panic in plan (MemInfo, the Evictor) after it took
 	// victims still closes them, outside the lock (plan's defer first).
 	defer func() { l.free(ev, need, avail) }()
-	if s := l.plan(dev, need, forV, &ev, &avail); s != nil {
+	var back []evictedInstance
+	s := l.plan(dev, need, forV, &ev, &back, &avail)
+	for _, ei := range back {
+		ei.v.pool.unevict(ei.in)
+	}
+	if s != nil {
 		return nil, s
 	}
 	return func() {
@@ -145,11 +151,12 @@ func (l *ledger) pendingOn(dev device.Device) int64 {
 }
 
 // plan is reserve's part under l.mu: it counts need as pending unless it
-// fails, and returns what to evict (counted freeing) and the bytes dev had
-// available. The lock is released by a defer: the device's MemInfo and the
+// fails, and returns what to evict (counted freeing), the bytes dev had
+// available and, when it fails, in back the instances it took and gives
+// back. The lock is released by a defer: the device's MemInfo and the
 // Evictor are called under it, and a panic there, recovered by a
 // transport, must not lock every later load out.
-func (l *ledger) plan(dev device.Device, need int64, forV *version, evp *eviction, availp *int64) *shortage {
+func (l *ledger) plan(dev device.Device, need int64, forV *version, evp *eviction, backp *[]evictedInstance, availp *int64) *shortage {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	defer func() { l.freeing[dev] += evp.bytes }() // what was taken, however plan ends
@@ -163,29 +170,71 @@ func (l *ledger) plan(dev device.Device, need int64, forV *version, evp *evictio
 		if avail+l.reclaimable(dev, forV) < need {
 			return &shortage{dev: dev, need: need, avail: max(avail, 0), total: mi.Total}
 		}
-		var idle []evict.Idle
-		var from []idleRef
-		for missed := 0; avail+ev.bytes < need; {
-			// Gathered afresh each time: taking an instance may leave its
-			// function with none, and so evictable as a whole.
-			idle, from = l.idleOn(dev, forV, ev, idle[:0], from[:0])
-			if len(idle) > 0 && missed <= len(idle) {
-				if i := l.evictor.Pick(idle); i >= 0 && i < len(idle) {
-					// A miss (requests took it meanwhile) looks again, but
-					// not forever.
-					if l.take1(ev, from[i]) {
-						missed = 0
-					} else {
-						missed++
-					}
-					continue
-				}
+		if !l.evictFor(need-avail, forV, ev) {
+			// Nothing taken is closed for a reservation refused: the
+			// instances go back to their pools (reserve), warm as they were.
+			*backp = ev.instances
+			ev.instances = nil
+			ev.bytes = 0
+			for _, fv := range ev.versions {
+				ev.bytes += fv.bytes
 			}
 			return &shortage{dev: dev, need: need, avail: max(avail, 0), total: mi.Total, inUse: true}
 		}
 	}
 	l.pending[dev] += need
 	return nil
+}
+
+// evictFor takes into ev what the Evictor picks on ev.dev until ev frees
+// want bytes, and reports whether it did. An instance is taken as it is
+// picked (its function may then be left with none, and be offered whole),
+// and can be given back; a whole function only once the room is certain,
+// as its unloading cannot be undone: a reservation that failed after
+// picking unloaded it for nothing (review G, LOW 6). Only where a
+// request takes one of those functions between its pick and its taking
+// (a miss, looked past) may the others picked with it be gone for a
+// reservation refused after all.
+func (l *ledger) evictFor(want int64, forV *version, ev *eviction) bool {
+	var idle []evict.Idle
+	var from, whole []idleRef
+	var wholeBytes int64
+	for missed := 0; ; {
+		if ev.bytes+wholeBytes >= want {
+			// The room is certain: the functions picked go now. One a
+			// request took since it was picked is a miss: look again.
+			all := true
+			for _, r := range whole {
+				if !l.take1(ev, r) {
+					all = false
+					missed++
+				}
+			}
+			if all {
+				return true
+			}
+			whole, wholeBytes = whole[:0], 0
+			continue
+		}
+		// Gathered afresh each time: taking an instance may leave its
+		// function with none, and so evictable as a whole.
+		idle, from = l.idleOn(ev.dev, forV, ev, whole, idle[:0], from[:0])
+		if len(idle) == 0 || missed > len(idle) {
+			return false
+		}
+		i := l.evictor.Pick(idle)
+		switch {
+		case i < 0 || i >= len(idle):
+			return false
+		case from[i].in == nil:
+			whole = append(whole, from[i])
+			wholeBytes += idle[i].Bytes
+		case l.take1(ev, from[i]):
+			missed = 0
+		default: // requests took it meanwhile: look again, but not forever
+			missed++
+		}
+	}
 }
 
 // free closes what an eviction chose, outside the ledger's lock. Each
@@ -249,10 +298,10 @@ type idleRef struct {
 // the idle instances there above each function's min_instances, and the
 // loaded functions other than forV with constants there (so unloading
 // them frees something), no instance, no request in flight and no
-// min_instances. The
+// min_instances, and none already picked whole (in whole). The
 // references ev holds on versions whose instances it took are not
 // requests: a function whose last instances ev took may go as a whole.
-func (l *ledger) idleOn(dev device.Device, forV *version, ev *eviction, idle []evict.Idle, from []idleRef) ([]evict.Idle, []idleRef) {
+func (l *ledger) idleOn(dev device.Device, forV *version, ev *eviction, whole []idleRef, idle []evict.Idle, from []idleRef) ([]evict.Idle, []idleRef) {
 	for _, fv := range l.tab.versions(true) {
 		v := fv.v
 		if !v.loaded.Load() { // policy is written by load
@@ -265,7 +314,8 @@ func (l *ledger) idleOn(dev device.Device, forV *version, ev *eviction, idle []e
 		idle, from, empty, last = v.pool.idleOn(dev, keep, ev.refsOn(v), fv, idle, from)
 		// Not a function min_instances keeps, even with no instance left
 		// (one closed broken, its worker lost): reclaimable counts none.
-		if v != forV && empty && p != nil && keep == 0 {
+		picked := slices.ContainsFunc(whole, func(r idleRef) bool { return r.fv.v == v })
+		if v != forV && empty && p != nil && keep == 0 && !picked {
 			if b := p.prog.ConstantsBytes(); b > 0 {
 				idle = append(idle, evict.Idle{Function: fv.f.name, Bytes: b, LastUsed: last})
 				from = append(from, idleRef{fv: fv})

@@ -573,6 +573,29 @@ func (p *pool) evict(in *instance, keep int) bool {
 	return true
 }
 
+// unevict puts back an instance that evict took for a reservation that
+// was then refused, with the eviction's reference: closing it would lose
+// a warm instance for nothing. It goes where its last use puts it in the
+// stack of idle ones (the least recently used at the bottom); one whose
+// version retired or whose program died meanwhile is closed, as put would.
+func (p *pool) unevict(in *instance) {
+	p.mu.Lock()
+	back := !p.retired && !p.dead && !in.dev.dead.Load()
+	if back {
+		i := slices.IndexFunc(p.idle, func(o *instance) bool { return o.lastUsed.After(in.lastUsed) })
+		if i < 0 {
+			i = len(p.idle)
+		}
+		p.idle = slices.Insert(p.idle, i, in)
+		p.live++
+	}
+	p.mu.Unlock()
+	if !back {
+		in.inst.Close()
+	}
+	p.unref()
+}
+
 // Crash back-off: this many worker crashes within crashWindow, with no
 // success in between, fail the version's requests fast for backoffFor.
 const (
