@@ -628,6 +628,20 @@ func (p *pool) crashedLocked(now time.Time) bool {
 	return true
 }
 
+// carryTo gives nv, the unloaded copy that takes over from p's version as
+// its function's current one (an eviction or the reaper unloads it), p's
+// record of crashes and back-off, and returns nv: a fresh count let a
+// function whose plover_instance_init always fails, evicted between its
+// requests, fail for ever and never back off (review G, LOW 7).
+func (p *pool) carryTo(nv *version) *version {
+	p.mu.Lock()
+	nv.pool.crashes = slices.Clone(p.crashes)
+	nv.pool.crashCount.Store(int32(len(p.crashes)))
+	p.mu.Unlock()
+	nv.pool.backoffUntil.Store(p.backoffUntil.Load())
+	return nv
+}
+
 // succeeded ends a run of crashes; the common case takes no lock.
 func (p *pool) succeeded() {
 	if p.crashCount.Load() == 0 {

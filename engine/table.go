@@ -650,7 +650,7 @@ func (t *table) detach(f *function, v *version, may func() bool) bool {
 		return false
 	}
 	if cur {
-		f.cur = t.newVersion(f, v.rec)
+		f.cur = v.pool.carryTo(t.newVersion(f, v.rec))
 	} else {
 		delete(f.pinned, v.rec.ID)
 	}
