@@ -215,7 +215,7 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 		}
 		return nil, call.Cold, unavailable(err, "function %s: cannot load on %s", v.fn.name, dev.Name())
 	}
-	p := &placement{dev: dev, name: dev.Name(), prog: prog, flow: e.flow(v, dev)}
+	p := &placement{dev: dev, name: dev.Name(), prog: prog, consts: prog.ConstantsBytes(), flow: e.flow(v, dev)}
 	if b, ok := prog.(biller); ok && p.flow != nil {
 		b.Bill(p.flow.Bill)
 	}

@@ -316,7 +316,7 @@ func (l *ledger) idleOn(dev device.Device, forV *version, ev *eviction, whole []
 		// (one closed broken, its worker lost): reclaimable counts none.
 		picked := slices.ContainsFunc(whole, func(r idleRef) bool { return r.fv.v == v })
 		if v != forV && empty && p != nil && keep == 0 && !picked {
-			if b := p.prog.ConstantsBytes(); b > 0 {
+			if b := p.consts; b > 0 {
 				idle = append(idle, evict.Idle{Function: fv.f.name, Bytes: b, LastUsed: last})
 				from = append(from, idleRef{fv: fv})
 			}
@@ -337,7 +337,7 @@ func (l *ledger) take1(ev *eviction, r idleRef) bool {
 		if p == nil || !l.tab.detach(r.fv.f, v, func() bool { return v.pool.evictEmpty(held) }) {
 			return false
 		}
-		b := p.prog.ConstantsBytes()
+		b := p.consts
 		ev.versions = append(ev.versions, evictedVersion{r.fv, b})
 		ev.bytes += b
 		return true

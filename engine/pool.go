@@ -533,7 +533,7 @@ func (p *pool) reclaimable(dev device.Device, keep int, whole bool) int64 {
 	if whole && keep == 0 && p.refs == 0 && on == p.live {
 		for _, pl := range p.placements {
 			if pl.dev == dev {
-				n += pl.prog.ConstantsBytes()
+				n += pl.consts
 			}
 		}
 	}

@@ -49,7 +49,11 @@ type placement struct {
 	dev  device.Device
 	name string // dev's name, read once: requests carry it (Request.Device)
 	prog device.Program
-	flow *sched.Flow // the function's queue in dev's scheduler; nil: unscheduled
+	// consts is prog's constants' bytes on dev, read once at its load:
+	// the ledger reads it without the pool's lock, while a teardown may
+	// be closing prog (which forgets them: a data race, review G LOW 9).
+	consts int64
+	flow   *sched.Flow // the function's queue in dev's scheduler; nil: unscheduled
 	// dead: the program's process is gone; its instances are discarded as
 	// they come back and the next instance loads a new program.
 	dead atomic.Bool
