@@ -141,8 +141,37 @@ func (e *Engine) pickDevices(v *version) ([]device.Device, error) {
 	if devs == nil {
 		return nil, errorf(errdefs.KindUnavailable, lastErr, "function %s: no healthy %s device", v.fn.name, target)
 	}
-	slices.SortStableFunc(devs, func(a, b device.Device) int { return cmp.Compare(room[b], room[a]) })
+	// Those with room for what v needs there without evicting first, and
+	// of them those v is loaded on (its instance alone to make), then by
+	// room: the most room alone sent an instance to a device where v's
+	// program must load again, evicting others, beside one where it was
+	// loaded and had room for the instance.
+	rank := func(d device.Device) int {
+		switch {
+		case room[d] < needOn(v, d):
+			return 0
+		case v.pool.placement(d) == nil:
+			return 1
+		}
+		return 2
+	}
+	slices.SortStableFunc(devs, func(a, b device.Device) int {
+		if c := cmp.Compare(rank(b), rank(a)); c != 0 {
+			return c
+		}
+		return cmp.Compare(room[b], room[a])
+	})
 	return devs, nil
+}
+
+// needOn is the bytes an instance of v takes on d: its buffers, and its
+// program's constants where v is not loaded there.
+func needOn(v *version, d device.Device) int64 {
+	need := instanceBytes(v.manifest)
+	if v.pool.placement(d) == nil {
+		need += v.constSize
+	}
+	return need
 }
 
 // reserveOn reserves the memory an instance of v needs (and its program's,
@@ -156,10 +185,7 @@ func (e *Engine) pickDevices(v *version) ([]device.Device, error) {
 func (e *Engine) reserveOn(v *version, devs []device.Device) (device.Device, int64, func(), error) {
 	var short []*shortage
 	for _, d := range devs {
-		need := instanceBytes(v.manifest)
-		if v.pool.placement(d) == nil {
-			need += v.constSize
-		}
+		need := needOn(v, d)
 		unreserve, s := e.mem.reserve(d, need, v)
 		if s == nil {
 			return d, need, unreserve, nil

@@ -133,3 +133,30 @@ func TestNoRoomOnAnyDeviceNamesEach(t *testing.T) {
 
 // instanceBytesOf is what one instance of m holds on its device.
 func instanceBytesOf(m *abi.Manifest) int64 { return m.MaxInputBytes + m.TmpBytes + m.OutBytes }
+
+// A second instance goes where its function's program is loaded and has
+// room for the instance alone, before a device with more room where the
+// program would load again: ranked by room alone, the instance went to
+// the roomier device, which took a second copy of the constants (and, on
+// a fuller node, evicted others for it; helper-369's review).
+func TestAnInstanceGoesWhereItsProgramIs(t *testing.T) {
+	per := instanceBytesOf(testkit.Manifest("x"))
+	host0, host1 := newNamedHost("host0", 6*per), newNamedHost("host1", 7*per)
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{host0, host1}})
+	m := testkit.Slow("f", 1500)
+	m.Constants = "w.bin"
+	testkit.Deploy(t, e, testkit.BundleDir(t, m, make([]byte, 4*per)))
+	first := make(chan error, 1)
+	go func() { first <- e.Invoke(context.Background(), "f", &call.Request{Input: []byte{1}}) }()
+	waitBusy(t, e, "f", 1) // on host1, the roomier then: 2 instances' room left there
+	free0 := host0.MemInfo().Free
+	if err := e.Invoke(context.Background(), "f", &call.Request{Input: []byte{1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if got := host0.MemInfo().Free; got != free0 {
+		t.Fatalf("host0 free %d after the second instance, %d before: it loaded the program again there, beside host1 where it was loaded with room for the instance", got, free0)
+	}
+}
