@@ -157,7 +157,10 @@ func (d *frontDoor) listen(ctx context.Context) (net.Listener, string, error) {
 		// after one, off the accepting goroutine.
 		d.guard.Refuse = refuseTLS(d.tlsConfig(), func(c net.Conn, _ time.Time) {
 			if _, err := c.Write(rejectResponse); err == nil {
-				netguard.CloseLingering(c, c)
+				// Shut below TLS: its close_notify is written under a
+				// deadline of its own, 5 s, past refuseWithin's.
+				raw := c.(*tls.Conn).NetConn()
+				netguard.CloseLingering(raw, raw)
 			}
 		})
 		out = tls.NewListener(d.guard, d.tlsConfig())

@@ -105,14 +105,10 @@ func waitFree(ctx context.Context, dev device.Device, room func() int64, need in
 }
 
 // pickDevices is the healthy devices of v's target whose whole memory
-// could hold v, the one with the most room first: free memory less what
-// loads under way reserved there (two cold starts at once went to the same
-// device, the second refused while another had room), and more when
-// evictions are freeing it.
+// could hold v, in the order to try them (rankDevices).
 func (e *Engine) pickDevices(v *version) ([]device.Device, error) {
 	target := v.manifest.Target
-	var devs []device.Device
-	room := map[device.Device]int64{}
+	var cands []candidate
 	var lastErr error
 	var tooSmall *abi.FieldError // the last device that could never hold v
 	for _, d := range e.cfg.Devices {
@@ -128,40 +124,60 @@ func (e *Engine) pickDevices(v *version) ([]device.Device, error) {
 			tooSmall = fe
 			continue
 		}
-		devs = append(devs, d)
-		room[d] = e.mem.room(d, mi.Free)
+		cands = append(cands, e.candidate(v, d, mi.Free))
 	}
-	if devs == nil && tooSmall != nil && lastErr == nil { // a faulted device might have held it: 503 below
+	if cands == nil && tooSmall != nil && lastErr == nil { // a faulted device might have held it: 503 below
 		return nil, errorf(errdefs.KindInvalid, tooSmall, "function %s: %s", v.fn.name, tooSmall.Error())
 	}
-	if devs == nil && lastErr == nil {
+	if cands == nil && lastErr == nil {
 		// A store shared by nodes of several kinds: this one cannot run it.
 		return nil, errorf(errdefs.KindUnavailable, nil, "function %s is built for %q and this node has no such device (its devices run %s): send it to a node that has one", v.fn.name, target, strings.Join(quoted(e.targets), " and "))
 	}
-	if devs == nil {
+	if cands == nil {
 		return nil, errorf(errdefs.KindUnavailable, lastErr, "function %s: no healthy %s device", v.fn.name, target)
 	}
-	// Those with room for what v needs there without evicting first, and
-	// of them those v is loaded on (its instance alone to make), then by
-	// room: the most room alone sent an instance to a device where v's
-	// program must load again, evicting others, beside one where it was
-	// loaded and had room for the instance.
-	rank := func(d device.Device) int {
-		switch {
-		case room[d] < needOn(v, d):
-			return 0
-		case v.pool.placement(d) == nil:
-			return 1
-		}
-		return 2
+	return rankDevices(cands), nil
+}
+
+// candidate is a device a cold start may use, with what orders it: its
+// room, free memory less what loads under way reserved there and more
+// what evictions are freeing (two cold starts at once went to the same
+// device, the second refused while another had room), and its rank.
+type candidate struct {
+	dev        device.Device
+	rank, room int64
+}
+
+// candidate reads d's room and ranks it for v: 2 where v is loaded and
+// its instance fits without evicting, 1 where its program and instance
+// fit, 0 where either needs an eviction.
+func (e *Engine) candidate(v *version, d device.Device, free int64) candidate {
+	c := candidate{dev: d, room: e.mem.room(d, free)}
+	switch {
+	case c.room < needOn(v, d):
+	case v.pool.placement(d) == nil:
+		c.rank = 1
+	default:
+		c.rank = 2
 	}
-	slices.SortStableFunc(devs, func(a, b device.Device) int {
-		if c := cmp.Compare(rank(b), rank(a)); c != 0 {
+	return c
+}
+
+// rankDevices orders cands by rank, then room: by room alone an instance
+// went to a device where v's program had to load again, evicting others,
+// beside one where it was loaded with room for the instance.
+func rankDevices(cands []candidate) []device.Device {
+	slices.SortStableFunc(cands, func(a, b candidate) int {
+		if c := cmp.Compare(b.rank, a.rank); c != 0 {
 			return c
 		}
-		return cmp.Compare(room[b], room[a])
+		return cmp.Compare(b.room, a.room)
 	})
-	return devs, nil
+	devs := make([]device.Device, len(cands))
+	for i, c := range cands {
+		devs[i] = c.dev
+	}
+	return devs
 }
 
 // needOn is the bytes an instance of v takes on d: its buffers, and its

@@ -38,14 +38,17 @@ func (e *Error) Unwrap() error { return e.Err }
 // static checks and that dlopen then refused (open).
 const dlopenFailed = "dlopen failed: "
 
-// OpenFailed reports whether err is a library's refusal by dlopen itself,
-// after the static checks passed: one that can depend on what the process
-// holds already (its static TLS reserve, which every library with
-// initial-exec TLS takes part of; its mappings; a library of the same
-// soname that another loaded), not on the file alone.
-func OpenFailed(err error) bool {
+// OpenFailed returns dlopen's reason where err is a library's refusal by
+// dlopen itself, after the static checks passed: one that can depend on
+// what the process holds already (its static TLS reserve, which every
+// library with initial-exec TLS takes part of; its mappings; a library
+// of the same soname that another loaded), not on the file alone.
+func OpenFailed(err error) (reason string, ok bool) {
 	var le *Error
-	return errors.As(err, &le) && strings.HasPrefix(le.Reason, dlopenFailed)
+	if errors.As(err, &le) && strings.HasPrefix(le.Reason, dlopenFailed) {
+		return le.Reason, true
+	}
+	return "", false
 }
 
 // Info is what a static read of a bundle library finds, without running any

@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"errors"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -201,12 +200,12 @@ func (e *refusedBeside) Error() string {
 // it is one (g not alone), the bundle marked to run in a worker of its own
 // from now on (setOwn, which logs it once); else err as it is.
 func (d *Device) besideRefusal(spec device.ProgramSpec, g *program, alone bool, err error) error {
-	var le *loader.Error
-	if alone || !loader.OpenFailed(err) || !errors.As(err, &le) || !g.p.heldOthers() {
+	reason, ok := loader.OpenFailed(err)
+	if alone || !ok || !g.p.heldOthers() {
 		return err
 	}
 	d.setOwn(spec, filepath.Join(spec.Dir, spec.Manifest.Library),
-		"its library could not be loaded beside its tenant's other functions, which may hold what it needs ("+le.Reason+"); it is loaded again alone")
+		"its library could not be loaded beside its tenant's other functions, which may hold what it needs ("+reason+"); it is loaded again alone")
 	return &refusedBeside{err}
 }
 

@@ -475,7 +475,7 @@ func (d *Device) loadShared(ctx context.Context, spec device.ProgramSpec, mj []b
 		return g, err
 	}
 	g, err = d.loadTenant(ctx, spec, mj, consts, true)
-	if err != nil && loader.OpenFailed(err) {
+	if _, refused := loader.OpenFailed(err); refused {
 		d.opts.Log.Warn("the function's library was refused in a worker of its own too: the refusal stands", "function", spec.Manifest.Name,
 			"tenant", spec.Tenant, "bundle", filepath.Base(spec.Dir), "error", err.Error())
 	}
