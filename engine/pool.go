@@ -61,6 +61,10 @@ type pool struct {
 	placements []*placement
 	lastUsed   time.Time   // last request end (or load)
 	crashes    []time.Time // oldest first; reset by a success
+	// next is the copy that took over from this version (carryTo): a
+	// crash counted here afterwards (a worker dying before the teardown)
+	// is its successor's.
+	next *pool
 }
 
 // slotWaiter has requests waiting for a free slot of their own accord.
@@ -612,8 +616,12 @@ func (p *pool) crashed(now time.Time) bool {
 	return p.crashedLocked(now)
 }
 
-// crashedLocked is crashed with p.mu held.
+// crashedLocked is crashed with p.mu held. A successor's lock is taken
+// under it: a copy never points back, so the order is old before new.
 func (p *pool) crashedLocked(now time.Time) bool {
+	if p.next != nil {
+		return p.next.crashed(now)
+	}
 	p.crashes = append(p.crashes, now)
 	for len(p.crashes) > 0 && now.Sub(p.crashes[0]) > crashWindow {
 		p.crashes = p.crashes[1:]
@@ -637,9 +645,21 @@ func (p *pool) carryTo(nv *version) *version {
 	p.mu.Lock()
 	nv.pool.crashes = slices.Clone(p.crashes)
 	nv.pool.crashCount.Store(int32(len(p.crashes)))
+	p.next = &nv.pool
 	p.mu.Unlock()
 	nv.pool.backoffUntil.Store(p.backoffUntil.Load())
 	return nv
+}
+
+// failing reports whether p has a record worth carrying at now: crashes
+// not yet past crashWindow, or a back-off not yet over.
+func (p *pool) failing(now time.Time) bool {
+	if p.backoffUntil.Load() > now.UnixNano() {
+		return true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.crashes) > 0 && now.Sub(p.crashes[len(p.crashes)-1]) <= crashWindow
 }
 
 // succeeded ends a run of crashes; the common case takes no lock.
