@@ -191,22 +191,28 @@ func needOn(v *version, d device.Device) int64 {
 }
 
 // reserveOn reserves the memory an instance of v needs (and its program's,
-// where not loaded there) on the first of devs that has it or can make it
-// by evicting idle functions, and returns that device, the bytes reserved
-// and the func that gives them back. A device refused for room is no
-// answer while another may have it: the room picked by is a reading
-// already old, and the device with the most free memory may have nothing
-// idle to evict where another has. Only once every device refused is the
-// request refused, with what each needed.
+// where not loaded there) on the first of devs that has it, else on the
+// first that can make it by evicting idle functions, and returns that
+// device, the bytes reserved and the func that gives them back. A device
+// refused for room is no answer while another may have it: the room
+// picked by is a reading already old, and the device with the most free
+// memory may have nothing idle to evict where another has. Nor is an
+// eviction while another device has the room: two cold starts that read
+// the same room both went to the first device, the second evicting there
+// beside a device with room (helper-370's LOW). Only once every device
+// refused is the request refused, with what each needed.
 func (e *Engine) reserveOn(v *version, devs []device.Device) (device.Device, int64, func(), error) {
 	var short []*shortage
-	for _, d := range devs {
-		need := needOn(v, d)
-		unreserve, s := e.mem.reserve(d, need, v)
-		if s == nil {
-			return d, need, unreserve, nil
+	for _, evicting := range []bool{false, true} {
+		short = short[:0]
+		for _, d := range devs {
+			need := needOn(v, d)
+			unreserve, s := e.mem.reserve(d, need, v, evicting)
+			if s == nil {
+				return d, need, unreserve, nil
+			}
+			short = append(short, s)
 		}
-		short = append(short, s)
 	}
 	return nil, 0, nil, noRoom(v.fn.name, short)
 }

@@ -79,20 +79,20 @@ func fitsDevice(m *abi.Manifest, constSize int64, dev device.Device, total int64
 	return &abi.FieldError{Field: "max_input_bytes + tmp_bytes + out_bytes", Reason: fmt.Sprintf("one instance's buffers are %d bytes, %s", per, of)}
 }
 
-// reserve makes need bytes available on dev for forV, evicting what the
-// Evictor picks among idle instances and functions with no instance and no
-// request (idleOn). Memory of busy instances is never taken, and nothing is
-// evicted when everything evictable would still not be enough. The
-// returned func gives the reservation back once the allocation is done (or
-// failed).
-func (l *ledger) reserve(dev device.Device, need int64, forV *version) (func(), *shortage) {
+// reserve makes need bytes available on dev for forV, where evicting,
+// evicting what the Evictor picks among idle instances and functions with
+// no instance and no request (idleOn). Memory of busy instances is never
+// taken, and nothing is evicted when everything evictable would still not
+// be enough. The returned func gives the reservation back once the
+// allocation is done (or failed).
+func (l *ledger) reserve(dev device.Device, need int64, forV *version, evicting bool) (func(), *shortage) {
 	ev := eviction{dev: dev}
 	var avail int64
 	// Deferred: a panic in plan (MemInfo, the Evictor) after it took
 	// victims still closes them, outside the lock (plan's defer first).
 	defer func() { l.free(ev, need, avail) }()
 	var back []evictedInstance
-	s := l.plan(dev, need, forV, &ev, &back, &avail)
+	s := l.plan(dev, need, forV, evicting, &ev, &back, &avail)
 	for _, ei := range back {
 		ei.v.pool.unevict(ei.in)
 	}
@@ -117,21 +117,27 @@ type shortage struct {
 }
 
 // noRoom is the 503 of a function that no device had room for (short:
-// each device's refusal, in the order tried).
+// each device's refusal, in the order tried). It names what the function
+// needs and each device's size, not what is free there: that figure is
+// what other tenants hold, which /healthz shows only to a token that may
+// read the node (the ledger's figures: ls -o wide, /metrics).
 func noRoom(name string, short []*shortage) error {
 	if len(short) == 1 {
 		s := short[0]
+		if s.need > s.total {
+			return errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, which has %d in all", name, s.need, s.dev.Name(), s.total)
+		}
 		why := ", and idle functions hold too little to make up the rest"
 		if s.inUse {
 			why = "; everything else is in use"
 		}
-		return errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s, %d are free of %d%s", name, s.need, s.dev.Name(), s.avail, s.total, why)
+		return errorf(errdefs.KindUnavailable, nil, "function %s needs %d bytes on %s (of %d in all), more than is free there now%s", name, s.need, s.dev.Name(), s.total, why)
 	}
 	each := make([]string, len(short))
 	for i, s := range short {
-		each[i] = fmt.Sprintf("%d bytes on %s, where %d are free of %d", s.need, s.dev.Name(), s.avail, s.total)
+		each[i] = fmt.Sprintf("%d bytes on %s (of %d in all)", s.need, s.dev.Name(), s.total)
 	}
-	return errorf(errdefs.KindUnavailable, nil, "function %s needs %s; no device of the node can make that room by evicting idle functions", name, strings.Join(each, "; "))
+	return errorf(errdefs.KindUnavailable, nil, "function %s needs %s; no device of the node has that free or can make it by evicting idle functions", name, strings.Join(each, "; "))
 }
 
 // room is what dev has for a new reservation, given free (its MemInfo's):
@@ -156,7 +162,7 @@ func (l *ledger) pendingOn(dev device.Device) int64 {
 // back. The lock is released by a defer: the device's MemInfo and the
 // Evictor are called under it, and a panic there, recovered by a
 // transport, must not lock every later load out.
-func (l *ledger) plan(dev device.Device, need int64, forV *version, evp *eviction, backp *[]evictedInstance, availp *int64) *shortage {
+func (l *ledger) plan(dev device.Device, need int64, forV *version, evicting bool, evp *eviction, backp *[]evictedInstance, availp *int64) *shortage {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	defer func() { l.freeing[dev] += evp.bytes }() // what was taken, however plan ends
@@ -167,7 +173,7 @@ func (l *ledger) plan(dev device.Device, need int64, forV *version, evp *evictio
 	avail := mi.Free + l.freeing[dev] - l.pending[dev]
 	*availp = avail
 	if avail < need {
-		if avail+l.reclaimable(dev, forV) < need {
+		if !evicting || avail+l.reclaimable(dev, forV) < need {
 			return &shortage{dev: dev, need: need, avail: max(avail, 0), total: mi.Total}
 		}
 		if !l.evictFor(need-avail, forV, ev) {

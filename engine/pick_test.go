@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/call"
@@ -21,6 +22,35 @@ type namedHost struct {
 	name             string
 	mu               sync.Mutex
 	loading, release chan struct{}
+	// The next memWait MemInfo calls wait for memRelease, memAll closed
+	// once they all came (gateMem).
+	memWait            int
+	memAll, memRelease chan struct{}
+}
+
+// gateMem arms the next n MemInfo calls to wait until release is closed;
+// all is closed once the n are waiting.
+func (d *namedHost) gateMem(n int) (all, release chan struct{}) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.memWait, d.memAll, d.memRelease = n, make(chan struct{}), make(chan struct{})
+	return d.memAll, d.memRelease
+}
+
+func (d *namedHost) MemInfo() device.MemInfo {
+	d.mu.Lock()
+	if d.memWait == 0 {
+		d.mu.Unlock()
+		return d.Device.MemInfo()
+	}
+	d.memWait--
+	last, all, release := d.memWait == 0, d.memAll, d.memRelease
+	d.mu.Unlock()
+	if last {
+		close(all)
+	}
+	<-release
+	return d.Device.MemInfo()
 }
 
 func newNamedHost(name string, limit int64) *namedHost {
@@ -158,5 +188,40 @@ func TestAnInstanceGoesWhereItsProgramIs(t *testing.T) {
 	}
 	if got := host0.MemInfo().Free; got != free0 {
 		t.Fatalf("host0 free %d after the second instance, %d before: it loaded the program again there, beside host1 where it was loaded with room for the instance", got, free0)
+	}
+}
+
+// Two cold starts that read the same room at once, both ranking host0
+// first where it had room for one of them: the second evicted an idle
+// instance there, though host1 had room for it without evicting. Now a
+// device is taken for eviction only once no device has the room as it
+// is (helper-370's LOW).
+func TestNoEvictionBesideADeviceWithRoom(t *testing.T) {
+	per := instanceBytesOf(testkit.Manifest("x"))
+	host0, host1 := newNamedHost("host0", 2*per+per/2), newNamedHost("host1", per+per/5)
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{host0, host1}})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("g"), nil))
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("f"), nil))
+	invoke(t, e, "g", []byte{1}) // on host0, the roomier; idle there after
+	// Both of f's picks read host0's room (1.5 instances) before either
+	// reserves: they wait in their reading of host1's.
+	all, release := host1.gateMem(2)
+	f := make(chan error, 2)
+	for range 2 {
+		go func() { f <- e.Invoke(context.Background(), "f", &call.Request{Input: []byte{1}}) }()
+	}
+	select {
+	case <-all:
+	case <-time.After(10 * time.Second):
+		t.Fatal("f's two cold starts did not both read host1's memory within 10 s")
+	}
+	close(release)
+	for range 2 {
+		if err := <-f; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fi := info(t, e, "g"); fi.Idle != 1 {
+		t.Errorf("g has %d idle instances: its one on host0 was evicted while host1 had room for f's second", fi.Idle)
 	}
 }
