@@ -34,13 +34,13 @@ func runCmd() *command {
 			"  plover run build/samples/vecadd-host --in build/samples/vecadd-input.bin --out /tmp/sum.bin --repeat 100",
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&in, "in", "", "input file, - for stdin (required)")
-			fs.StringVar(&out, "out", "-", "output file, - for stdout: written as plover invoke's --out is, opened before the run and given the output only once it is whole; a failed or interrupted (^C, SIGTERM, SIGHUP) run leaves FILE as it was")
+			fs.StringVar(&out, "out", "-", "output file, - for stdout: written as plover invoke's --out is, opened before the run and given the output only once it is whole; a failed run, or one interrupted (^C, SIGTERM, SIGHUP) before its output is whole, leaves FILE as it was (one interrupted after that gives FILE the whole output, says so, and exits as the signal's status)")
 			fs.IntVar(&repeat, "repeat", 1, "run the chain N times on one instance and print min/median/p99 of each phase")
 			fs.BoolVar(&asJSON, "json", false, "print a JSON report to stdout instead: timings, and the output in base64 unless --out names a file")
 			fs.BoolVar(&checked, "checked", true, "catch an access past the end of in, tmp or out, naming the entry and the buffer (guard pages; --checked=false runs in place, as plover serve does by default)")
 			fs.DurationVar(&timeout, "timeout", 30*time.Second, "each run's deadline, as plover serve's --timeout: a chain still running then is stopped (its worker killed) and reported")
 		},
-		run: func(_ *flag.FlagSet, args []string, env *Env) error {
+		run: func(_ *flag.FlagSet, args []string, env *Env) (err error) {
 			switch {
 			case in == "":
 				return usagef(env, "run", "--in FILE is required (- reads stdin)")
@@ -65,6 +65,7 @@ func runCmd() *command {
 			// when they came before or after it.
 			sigs := catchSignals()
 			defer sigs.release() // after the deferred abort
+			defer func() { err = sigs.status(err) }()
 			// Opened before the run and written as invoke's --out is
 			// (outfile.go): a FILE that cannot be written fails first, and
 			// one written fails whole or not at all.
@@ -75,13 +76,18 @@ func runCmd() *command {
 				}
 				defer of.abort()
 			}
-			// With the output to stdout, caught to the end of the run:
-			// no write of it can block before then, and a second ^C
-			// ended the run's clean-up midway, its stage left behind.
-			if of != nil {
+			// Caught to the end of the run, whatever the output: none of
+			// it is written before then, and a second ^C ended the run's
+			// clean-up midway, its stage left behind. Written through
+			// (a FIFO, a device), it is caught once again from the write.
+			sigs.hold()
+			if of != nil && of.whole() {
 				sigs.pending(of)
 			}
 			rep, output, err := runLocal(sigs.ctx, dir, input, repeat, timeout, checked, env.Stderr)
+			if of != nil && !of.whole() {
+				sigs.pending(of)
+			}
 			if err != nil && of != nil && of.whole() && sigs.ctx.Err() != nil {
 				return fmt.Errorf("%w (--out %s left as it was)", err, out)
 			}

@@ -283,7 +283,7 @@ func invokeCmd() *command {
 		flags: func(fs *flag.FlagSet) {
 			ep.serverFlag(fs)
 			fs.StringVar(&in, "in", "-", "input file, - for stdin")
-			fs.StringVar(&out, "out", "-", "output file, - for stdout. FILE must be writable before the request is sent, and gets the output only once it is whole: it goes to a temporary file beside FILE (readable by its owner alone), renamed over it where that is the same as writing it (FILE ours, one link, no set-id bit or extended attributes), else copied into it; a failed or interrupted (^C, SIGTERM, SIGHUP) invoke leaves FILE as it was. A device, a pipe, /dev/stdout or /dev/fd/N (or a file that is stdout) is written through, at its position")
+			fs.StringVar(&out, "out", "-", "output file, - for stdout. FILE must be writable before the request is sent, and gets the output only once it is whole: it goes to a temporary file beside FILE (readable by its owner alone), renamed over it where that is the same as writing it (FILE ours, one link, no set-id bit or extended attributes), else copied into it; a failed invoke, or one interrupted (^C, SIGTERM, SIGHUP) before the whole answer came, leaves FILE as it was; one interrupted after that gives FILE the whole output, says so, and exits as the signal's status (130 for ^C). A device, a pipe, /dev/stdout or /dev/fd/N (or a file that is stdout) is written through, at its position")
 			fs.BoolVar(&asJSON, "json", false, "send a JSON request and print the JSON response (base64 output, start kind, timings)")
 			fs.BoolVar(&timing, "timing", false, "print the start kind and the server's timing breakdown to stderr")
 			fs.DurationVar(&timeout, "timeout", 0, "the request's deadline, queue and run (sent as X-Plover-Timeout-Ms; the server's --max-timeout, "+defaultMaxTimeout.String()+" by default, caps it); plover invoke also stops waiting "+invokeGrace.String()+" after it (0: the server's --timeout, "+defaultTimeout.String()+" by default, and plover invoke waits up to "+requestTimeout.String()+")")
@@ -340,7 +340,7 @@ func readInput(path string, env *Env) ([]byte, error) {
 	return b, nil
 }
 
-func invoke(c *client, name string, input []byte, out string, o invokeOptions, env *Env) error {
+func invoke(c *client, name string, input []byte, out string, o invokeOptions, env *Env) (err error) {
 	asJSON := o.asJSON
 	ct, body := "application/octet-stream", input
 	if asJSON {
@@ -354,6 +354,7 @@ func invoke(c *client, name string, input []byte, out string, o invokeOptions, e
 	}
 	sigs := catchSignals()
 	defer sigs.release() // after the deferred abort
+	defer func() { err = sigs.status(err) }()
 	// Opened before the request: a file that cannot be written fails the
 	// invoke before the function runs for nothing.
 	var w io.Writer = env.Stdout
@@ -368,6 +369,9 @@ func invoke(c *client, name string, input []byte, out string, o invokeOptions, e
 	}
 	sigs.pending(of)
 	sig := sigs.ctx
+	if sig.Err() != nil { // while FILE was opened (a FIFO waiting for its reader)
+		return errors.New("interrupted before the request was sent")
+	}
 	// The wait is the context's alone: the client's requestTimeout would
 	// end a --timeout longer than it (a server with a raised --max-timeout).
 	wait := invokeWait(o.timeout)

@@ -378,7 +378,9 @@ func runOutCase(t *testing.T, tt outCase) {
 
 // ^C (or SIGTERM, or SIGHUP) while the answer comes ends plover invoke
 // with --out's temporary file removed and FILE as it was: the signal's
-// default action ended it with the temporary file left beside FILE.
+// default action ended it with the temporary file left beside FILE. It
+// exits as a shell says a signal ended a command (128 and its number),
+// not 1, which a failed invoke exits.
 func TestInvokeInterruptedLeavesNoTemporaryFile(t *testing.T) {
 	// Caught here too, so that an invoke that does not catch them fails
 	// the test (by its --timeout) instead of ending the test binary.
@@ -399,8 +401,8 @@ func TestInvokeInterruptedLeavesNoTemporaryFile(t *testing.T) {
 			os.WriteFile(in, []byte("input"), 0o644)
 			os.WriteFile(out, []byte("the old output"), 0o644)
 			_, errs, code := runMain(t, nil, "invoke", "f", "--server", srv.url(), "--in", in, "--out", out, "--timeout", "1s")
-			if want := "plover invoke: interrupted while the answer came (--out " + out + " left as it was)"; code != 1 || !strings.Contains(errs, want) {
-				t.Errorf("exit %d, stderr %q; want %q", code, errs, want)
+			if want := "plover invoke: interrupted while the answer came (--out " + out + " left as it was)"; code != 128+int(s) || !strings.Contains(errs, want) {
+				t.Errorf("exit %d, stderr %q; want %d, %q", code, errs, 128+int(s), want)
 			}
 			if b, _ := os.ReadFile(out); string(b) != "the old output" {
 				t.Errorf("%s holds %q", out, b)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,7 +56,7 @@ func runChildInvoke() {
 // midway nor pass unsaid: the first went unchecked (invoke exited 0 after
 // a ^C), and the second had its default action again, which could end
 // the process between a copy in place and its truncation. FILE gets the
-// whole output and invoke exits 1, saying so.
+// whole output and invoke exits 130 (^C's status), saying so.
 func TestInvokeSignalsDuringCommit(t *testing.T) {
 	runChildInvoke()
 	srv := echoOut(t)
@@ -64,8 +65,8 @@ func TestInvokeSignalsDuringCommit(t *testing.T) {
 	writeOwned(t, out, "the old output", 0o644, 0)
 	errs, err := childInvoke(t, "TestInvokeSignalsDuringCommit", []string{"invoke", "f", "--server", srv.url(), "--in", inFile(t), "--out", out}, nil, true)
 	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(errs, "plover invoke: interrupted once the output was whole: --out "+out+" holds all of it") {
-		t.Fatalf("the invoke ended with %v, stderr %q; want exit 1, saying interrupted once the output was whole", err, errs)
+	if !errors.As(err, &ee) || ee.ExitCode() != 130 || !strings.Contains(errs, "plover invoke: interrupted once the output was whole: --out "+out+" holds all of it") {
+		t.Fatalf("the invoke ended with %v, stderr %q; want exit 130, saying interrupted once the output was whole", err, errs)
 	}
 	fileHolds(t, out, outAnswer)
 	if names := tempsIn(dir, "out.bin"); len(names) != 0 {
@@ -95,4 +96,61 @@ func TestInvokeOutOutlivesABrokenStderr(t *testing.T) {
 	if names := tempsIn(dir, "w.bin"); len(names) != 0 {
 		t.Errorf("temporary files left: %v", names)
 	}
+}
+
+// An --out FIFO with no reader blocks its open, where signals were caught
+// for good from before it (so that a FILE made for the output is removed):
+// ^C, SIGTERM and SIGHUP all passed, and SIGKILL alone ended the invoke
+// (helper-370's MEDIUM). They are caught once there: the second ends it.
+func TestInvokeBlockedOnAFIFOEndsAtASecondSignal(t *testing.T) {
+	runChildInvoke()
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestInvokeBlockedOnAFIFOEndsAtASecondSignal$")
+	args := []string{"invoke", "f", "--server", "http://127.0.0.1:1", "--in", inFile(t), "--out", fifo}
+	cmd.Env = append(os.Environ(), "PLOVER_TEST_INVOKE_CHILD="+strings.Join(args, "\n"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer cmd.Process.Kill()
+	// Signalled once it waits in the FIFO's open: its signals caught by then.
+	for end := time.Now().Add(10 * time.Second); !waitsForAFIFOPartner(cmd.Process.Pid); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the invoke did not come to wait in the FIFO's open within 10 s")
+		}
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	limit := time.After(10 * time.Second)
+	for sent := 0; ; {
+		select {
+		case err := <-done:
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGINT {
+				t.Fatalf("the invoke ended with %v after %d ^Cs; want ended by the second", err, sent)
+			}
+			return
+		case <-tick.C:
+			cmd.Process.Signal(syscall.SIGINT)
+			sent++
+		case <-limit:
+			t.Fatalf("the invoke, blocked opening a FIFO, outlived %d ^Cs over 10 s", sent)
+		}
+	}
+}
+
+// waitsForAFIFOPartner reports whether a thread of pid sleeps in a FIFO's
+// open (the kernel's wait_for_partner).
+func waitsForAFIFOPartner(pid int) bool {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/wchan", pid))
+	for _, w := range tasks {
+		if b, _ := os.ReadFile(w); string(b) == "wait_for_partner" {
+			return true
+		}
+	}
+	return false
 }

@@ -2,9 +2,11 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 )
 
@@ -16,13 +18,37 @@ type outSignals struct {
 	ctx  context.Context // done at the first signal
 	stop context.CancelFunc
 	pipe chan os.Signal // SIGPIPE's, while a temporary file is pending
+	// once, while set, gives the signals back their default actions at
+	// the first (context.AfterFunc's stop; nil: caught to the end).
+	once func() bool
 }
 
-// catchSignals starts catching them: those not ignored at the start
-// (notifyContext).
+// catchSignals starts catching them (those not ignored at the start:
+// notifyContext), once: opening --out's FILE can block (a FIFO with no
+// reader), and a command caught there for good could be ended by SIGKILL
+// alone. pending or hold keep them caught longer.
 func catchSignals() *outSignals {
 	ctx, stop := notifyContext(os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
-	return &outSignals{ctx: ctx, stop: stop}
+	s := &outSignals{ctx: ctx, stop: stop}
+	s.catchOnce()
+	return s
+}
+
+// catchOnce gives the signals back their default actions at the first.
+func (s *outSignals) catchOnce() {
+	if s.once == nil {
+		s.once = context.AfterFunc(s.ctx, s.stop)
+	}
+}
+
+// hold keeps the signals caught until release: for what a second signal
+// must not cut (a temporary file to remove, a run's clean-up), where no
+// write can block meanwhile.
+func (s *outSignals) hold() {
+	if s.once != nil {
+		s.once()
+		s.once = nil
+	}
 }
 
 // pending says what the command writes its output to: of, or stdout where
@@ -49,9 +75,10 @@ func catchSignals() *outSignals {
 // pipeline's head relies on to stop its writer.
 func (s *outSignals) pending(of *outFile) {
 	if of == nil || !of.whole() {
-		context.AfterFunc(s.ctx, s.stop)
+		s.catchOnce()
 		return
 	}
+	s.hold()
 	if !signal.Ignored(syscall.SIGPIPE) { // ignored, a write fails with EPIPE anyway
 		s.pipe = make(chan os.Signal, 1) // never read: a signal it has no room for is dropped
 		signal.Notify(s.pipe, syscall.SIGPIPE)
@@ -74,7 +101,7 @@ var beforeCommit = func(sig context.Context) {}
 // end. A signal cannot stop a commit midway, which would leave FILE half
 // old and half new; nor is a whole output dropped for one that came after
 // the last byte (the function has run): FILE gets it whole, and the
-// command exits 1, saying so.
+// command says so, exiting as the signal's status does.
 func (s *outSignals) commit(of *outFile) error {
 	beforeCommit(s.ctx)
 	if err := of.commit(); err != nil {
@@ -91,7 +118,8 @@ func (s *outSignals) commit(of *outFile) error {
 // (os/signal), and a command run under nohup, or as a background job
 // whose ^C is ignored, would then be ended by the hangup or the ^C it was
 // meant to outlive. With none left, it catches nothing (NotifyContext
-// given no signal would catch every one).
+// given no signal would catch every one). The context's cause is the
+// signal that came (caughtSignal), which os/signal's does not expose.
 func notifyContext(sigs ...os.Signal) (context.Context, context.CancelFunc) {
 	var caught []os.Signal
 	for _, s := range sigs {
@@ -99,8 +127,46 @@ func notifyContext(sigs ...os.Signal) (context.Context, context.CancelFunc) {
 			caught = append(caught, s)
 		}
 	}
+	ctx, cancel := context.WithCancelCause(context.Background())
 	if len(caught) == 0 {
-		return context.WithCancel(context.Background())
+		return ctx, func() { cancel(nil) }
 	}
-	return signal.NotifyContext(context.Background(), caught...)
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, caught...)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-ch:
+			cancel(caughtSignal{sig})
+		case <-done:
+		}
+	}()
+	// Until stop, later signals stay caught (and dropped), as
+	// NotifyContext's do.
+	return ctx, sync.OnceFunc(func() {
+		signal.Stop(ch)
+		close(done)
+		cancel(nil)
+	})
+}
+
+// caughtSignal is the cause of a context a signal ended.
+type caughtSignal struct{ sig os.Signal }
+
+func (c caughtSignal) Error() string { return c.sig.String() + " signal received" }
+
+// status is the command's error err, with the exit status a shell gives a
+// command a signal ended (128 and the signal's number: 130 for ^C) where
+// one came before it ended: a script telling an interrupted invoke from a
+// failed one read 1 for both.
+func (s *outSignals) status(err error) error {
+	var c caughtSignal
+	if err == nil || !errors.As(context.Cause(s.ctx), &c) {
+		return err
+	}
+	n, ok := c.sig.(syscall.Signal)
+	if !ok {
+		return err
+	}
+	return &exitError{128 + int(n), err}
 }

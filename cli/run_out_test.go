@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"math"
 	"os"
 	"os/exec"
@@ -84,8 +85,9 @@ func TestRunOutSignals(t *testing.T) {
 		out := filepath.Join(dir, "y.bin")
 		writeOwned(t, out, "old", 0o600, 0)
 		err := signalRunOnceItsTempIsThere(t, dir, "y.bin", syscall.SIGHUP, bundle, "--in", spin, "--out", out, "--timeout", "3s")
-		if err == nil || err.Error() != "interrupted (--out "+out+" left as it was)" {
-			t.Fatalf("the run: %v; want interrupted, --out left as it was", err)
+		var xe *exitError
+		if err == nil || err.Error() != "interrupted (--out "+out+" left as it was)" || !errors.As(err, &xe) || xe.code != 129 {
+			t.Fatalf("the run: %v; want interrupted, --out left as it was, exit 129 (SIGHUP's)", err)
 		}
 		fileHolds(t, out, "old")
 		if ents, _ := os.ReadDir(dir); len(ents) != 1 {
@@ -107,8 +109,9 @@ func TestRunOutSignals(t *testing.T) {
 		defer signal.Reset(syscall.SIGINT)
 		dir := t.TempDir()
 		err := signalRunOnceItsTempIsThere(t, dir, "z.bin", syscall.SIGINT, bundle, "--in", spin, "--out", filepath.Join(dir, "z.bin"), "--timeout", "2s")
-		if err == nil || !strings.Contains(err.Error(), "was still running at the --timeout of 2s") {
-			t.Fatalf("the run: %v; want it to outlive the ^C it ignored, to its --timeout", err)
+		var xe *exitError
+		if err == nil || !strings.Contains(err.Error(), "was still running at the --timeout of 2s") || errors.As(err, &xe) {
+			t.Fatalf("the run: %v; want it to outlive the ^C it ignored, to its --timeout, and exit 1", err)
 		}
 	})
 	t.Run("a signal once the output is whole", func(t *testing.T) {
