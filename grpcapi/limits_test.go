@@ -283,6 +283,8 @@ func TestInputsOverMaxInputBytes(t *testing.T) {
 			{Name: "x", Datatype: "FP32", Shape: []int64{2, 2}}, {Name: "y", Datatype: "INT16", Shape: []int64{int64(n)}}},
 			RawInputContents: [][]byte{x, make([]byte, 2*n)}}
 	}
+	huge := rawReq(1)
+	huge.Inputs[1].Shape[0] = 1 << 62
 	one := oneByte("echo") // echo takes 64 KiB too
 	one.Inputs[0].Shape[0], one.RawInputContents[0] = 1<<16+1, make([]byte, 1<<16+1)
 	for _, tc := range []struct {
@@ -295,6 +297,8 @@ func TestInputsOverMaxInputBytes(t *testing.T) {
 		{"raw at the limit", rawReq(fit), ""},
 		{"raw, the second input past it", rawReq(fit + 1), `input "y" (shape [32761] of INT16) brings the inputs to 65538 bytes; model typed takes at most 65536 (max_input_bytes)`},
 		{"a single raw input past it", one, `input "INPUT0" (shape [65537] of UINT8) brings the inputs to 65537 bytes; model echo takes at most 65536`},
+		// Its byte size past int64: as large, not malformed (a 400 before).
+		{"a shape whose size overflows", huge, `input "y": shape [4611686018427387904] of INT16: its byte size overflows an int64`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := f.client.ModelInfer(ctxT(t), tc.req)
@@ -309,8 +313,8 @@ func TestInputsOverMaxInputBytes(t *testing.T) {
 			}
 		})
 	}
-	if got := testutil.ToFloat64(counter(t, f.reg, "typed", "413")); got != 2 {
-		t.Errorf("typed's requests counted as 413: %v, want 2", got)
+	if got := testutil.ToFloat64(counter(t, f.reg, "typed", "413")); got != 3 {
+		t.Errorf("typed's requests counted as 413: %v, want 3", got)
 	}
 }
 

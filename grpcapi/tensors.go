@@ -2,6 +2,7 @@ package grpcapi
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 
@@ -54,6 +55,10 @@ func layInputs(req *pb.ModelInferRequest, raw rawInputs, decl []abi.Tensor, maxI
 		order[k] = i
 		t := got[i]
 		size, err := oip.CheckInput(t.GetDatatype(), t.GetShape(), d)
+		var classed *apierr.Error // a size that overflows: too large
+		if errors.As(err, &classed) {
+			return false, false, err
+		}
 		if err != nil {
 			return false, false, badRequest("%v", err)
 		}

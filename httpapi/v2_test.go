@@ -197,9 +197,10 @@ func TestOpenInferenceProtocol(t *testing.T) {
 		{"over max_input_bytes", "/v2/models/echo/infer", `{"inputs":[{"name":"INPUT0","datatype":"UINT8","shape":[70000],"data":[0]}]}`, 413,
 			`input "INPUT0" (shape [70000] of UINT8) brings the inputs to 70000 bytes; model echo takes at most 65536 (max_input_bytes)`},
 		// A byte size past int64, given as the number it overflows to:
-		// refused, not sliced with (which took the server down).
+		// refused, not sliced with (which took the server down), as too
+		// large, as one just under it is (it was a 400).
 		{"byte size overflows", "/v2/models/typed/infer", `{"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[1,2,3,4]},` +
-			`{"name":"y","datatype":"INT16","shape":[4611686018427387904],"parameters":{"binary_data_size":-9223372036854775808}}]}`, 400, `input "y": shape [4611686018427387904] of INT16: its byte size overflows an int64`},
+			`{"name":"y","datatype":"INT16","shape":[4611686018427387904],"parameters":{"binary_data_size":-9223372036854775808}}]}`, 413, `input "y": shape [4611686018427387904] of INT16: its byte size overflows an int64`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			code, _, b := v2Do(t, "POST", url+tt.path, nil, []byte(tt.body))

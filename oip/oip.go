@@ -177,7 +177,8 @@ func AddSize(total, size int64) int64 {
 
 // CheckInput checks a request's input against its declaration d (found by
 // name): the datatype, the shape, and that its byte size fits an int64,
-// which it returns. Errors name the input.
+// which it returns. Errors name the input; one whose size overflows is a
+// 413, the others 400s.
 func CheckInput(datatype string, shape []int64, d abi.Tensor) (int64, error) {
 	if datatype == "" {
 		return 0, fmt.Errorf("input %q: no datatype given; the model takes %s", d.Name, d.Datatype)
@@ -189,8 +190,8 @@ func CheckInput(datatype string, shape []int64, d abi.Tensor) (int64, error) {
 		return 0, fmt.Errorf("input %q: %v", d.Name, err)
 	}
 	size, ok := Bytes(shape, abi.DatatypeSize[d.Datatype])
-	if !ok {
-		return 0, fmt.Errorf("input %q: shape %v of %s: its byte size overflows an int64", d.Name, shape, d.Datatype)
+	if !ok { // too large, as a shape one byte past max_input_bytes is (413), not malformed
+		return 0, &apierr.Error{Status: apierr.TooLarge, Msg: fmt.Sprintf("input %q: shape %v of %s: its byte size overflows an int64", d.Name, shape, d.Datatype)}
 	}
 	return size, nil
 }
