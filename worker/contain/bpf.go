@@ -68,15 +68,17 @@ func (a *bpfAsm) ja(label string) {
 func (a *bpfAsm) ret(k uint32) { a.prog = append(a.prog, unix.SockFilter{Code: bpfRet, K: k}) }
 
 // assemble resolves the jumps and returns the program. A label that is
-// missing, behind its jump or out of its reach is the filter's author's
-// mistake, found by any test that builds the filter: it panics.
+// missing, behind its jump, out of its reach or past the last instruction
+// (the kernel refuses a jump off the program's end, but only as the
+// filter is installed) is the filter's author's mistake, found by any
+// test that builds the filter: it panics.
 func (a *bpfAsm) assemble() []unix.SockFilter {
 	to := func(i int, label string, limit int) uint32 {
 		if label == "" {
 			return 0
 		}
 		at, ok := a.labels[label]
-		if !ok || at <= i || at-i-1 > limit {
+		if !ok || at <= i || at-i-1 > limit || at >= len(a.prog) {
 			panic(fmt.Sprintf("contain: bpf: jump from %d to %s (%d, known %v)", i, label, at, ok))
 		}
 		return uint32(at - i - 1)
