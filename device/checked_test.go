@@ -140,7 +140,8 @@ func TestCheckedOverrunWithinPadding(t *testing.T) {
 	}{
 		{"overrun", 1, 2, 100, 4000, "entry overrun wrote past the end of out (4000 bytes this request): bytes 4000 to 4000 changed"},
 		{"overrun", 96, 2, 100, 4000, "bytes 4000 to 4095 changed"},
-		{"overrun", 8, 1, 100, 4000, "entry overrun wrote past the end of tmp (100 bytes this request): bytes 100 to 107"},
+		// tmp is checked at its capacity (ovTmp), whatever this request's length.
+		{"overrun", 8, 1, ovTmp, 4000, "entry overrun wrote past the end of tmp (3000 bytes, all of it): bytes 3000 to 3007"},
 		{"overrun", 72, 0, 0, 4000, "entry overrun wrote past the end of in (3000 bytes this request): bytes 3000 to 3071"},
 		{"overrun_kernel", 20, 2, 0, 1000, "entry overrun_kernel wrote past the end of out (1000 bytes this request): bytes 1000 to 1019"},
 	} {
@@ -158,6 +159,57 @@ func TestCheckedOverrunWithinPadding(t *testing.T) {
 	}
 }
 
+// TestCheckedTmpKept: tmp keeps what the previous request on this
+// instance left (plover.h), whatever tmp length each request runs with:
+// checked mode places tmp once, at its capacity. It was placed per
+// request, as in and out are, so a request with less tmp moved it, the
+// pattern written after its end overwrote the kept bytes, and the reads
+// below found other bytes. A write past a request's tmp length but within
+// the capacity is no overrun: the instance's own memory, which holds its
+// state.
+func TestCheckedTmpKept(t *testing.T) {
+	e := loadOverrun(t, false)
+	step := func(entry string, grid, block int32, tmpLen int) ([]byte, error) {
+		t.Helper()
+		idx, err := e.prog.Entry(entry)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := make([]byte, ovOut)
+		r := &device.Run{Input: []byte{1}, Output: out, TmpLen: int64(tmpLen),
+			Chain: []device.Step{{Entry: idx, Grid: grid, Block: block}}}
+		err = e.inst.Run(r)
+		return out[:r.OutLen], err
+	}
+	want := make([]byte, ovTmp)
+	for i := range want {
+		want[i] = byte(i%251 + 1)
+	}
+	if _, err := step("tmp_write", 0, 0, ovTmp); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{1000, ovTmp} {
+		got, err := step("tmp_read", 0, 0, n)
+		if err != nil {
+			t.Fatalf("tmp_read of %d bytes: %v", n, err)
+		}
+		if len(got) != n || !bytes.Equal(got, want[:n]) {
+			t.Fatalf("tmp_read of %d bytes after a write of %d: %s", n, ovTmp, firstDiff(got, want[:n]))
+		}
+	}
+	if _, err := step("overrun", 8, 1, 1000); err != nil {
+		t.Fatalf("8 bytes written past 1000 of tmp's %d: %v", ovTmp, err)
+	}
+	copy(want[1000:], bytes.Repeat([]byte{0xAB}, 8))
+	got, err := step("tmp_read", 0, 0, ovTmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != ovTmp || !bytes.Equal(got, want) {
+		t.Fatalf("tmp after 8 bytes written past 1000: %s", firstDiff(got, want))
+	}
+}
+
 // TestCheckedGuardFault: an overrun that reaches the guard page kills the
 // process at the faulting access, after one line on stderr naming the
 // entry, the buffer and the offset. The process is this test binary run
@@ -172,7 +224,7 @@ func TestCheckedGuardFault(t *testing.T) {
 		want        string
 	}{
 		{"overrun", "300 2 4096", "entry overrun wrote past the end of out, at byte 4096 (4096 bytes this request)"},
-		{"overrun", "5000 1 3000", "entry overrun wrote past the end of tmp, at byte 3072 (3000 bytes this request)"},
+		{"overrun", "5000 1 3000", "entry overrun wrote past the end of tmp, at byte 3072 (3000 bytes, all of it)"},
 		{"overrun", "-1 2 8192", "entry overrun wrote before the start of out, 1 bytes before it (8192 bytes this request)"},
 		{"overrun_kernel", "300 2 4096", "entry overrun_kernel wrote past the end of out, at byte 4096"},
 		{"init", "2 1 0", "hook plover_instance_init wrote past the end of out, at byte 8192 (8192 bytes, all of it)"},

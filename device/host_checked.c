@@ -1,13 +1,18 @@
 /* Checked mode on the host device: an overrun of in, tmp or out is caught.
  *
  * Each buffer is a mapping of its own with an inaccessible page on either
- * side. A request's buffer is placed so that it ends at the start of the
- * guard after it, to CUDA's 256-byte alignment, so an access past its end
- * faults at the access (the handler below names the entry and the buffer
- * before the fault kills the worker); the 0-255 bytes between the end and
- * the guard hold a pattern that is checked after every entry, so a small
- * overrun fails the request with the same names and the worker lives on.
- * Writes before a buffer's start are caught only at a full body's start. */
+ * side. in and out are placed per request so that the request's buffer
+ * ends at the start of the guard after it, to CUDA's 256-byte alignment;
+ * tmp stays where its capacity places it: it keeps the instance's state
+ * from one request to the next (plover.h), which a request with less tmp
+ * must neither move nor overwrite, so a write past this request's tmp
+ * length but within tmp_bytes is no overrun (the instance's own memory).
+ * An access past the end faults at the access (the handler below names
+ * the entry and the buffer before the fault kills the worker); the 0-255
+ * bytes between the end and the guard hold a pattern that is checked after
+ * every entry, so a small overrun fails the request with the same names
+ * and the worker lives on. Writes before a buffer's start are caught only
+ * at a full body's start. */
 #define _GNU_SOURCE
 #include "host_run.h"
 
@@ -75,19 +80,24 @@ void plover_checked_init(plover_inst_state_t *s, void *in, size_t in_n, void *tm
 void plover_checked_place(plover_inst_state_t *s) {
   plover_buf_t *st[3] = {&s->st.input, &s->st.tmp, &s->st.out};
   for (int b = 0; b < 3; b++) {
-    place(&s->guard[b], st[b]->len);
+    /* tmp at its capacity, where it always is: the pattern is written
+     * again past it (an overrun last request changed it), never in it. */
+    place(&s->guard[b], b == 1 ? s->base.tmp.len : st[b]->len);
     st[b]->dat = s->guard[b].dat;
   }
 }
 
 /* The run or hook this thread is in, for the fault handler; cur_len says
- * what a buffer's length is: this request's, or (a hook) its capacity. */
+ * what in's and out's length is: this request's, or (a hook) their
+ * capacity. tmp's is always its capacity (len_note). */
 static __thread plover_inst_state_t *cur_state;
 static __thread const char *cur_what; /* "entry " or "hook " */
 static __thread const char *cur_entry;
 static __thread const char *cur_len;
 
 static const char *const request_len = " bytes this request", *const hook_len = " bytes, all of it";
+
+static const char *len_note(int b) { return b == 1 ? hook_len : cur_len; }
 
 /* scan checks the pattern after each buffer once entry has run: NULL, or
  * the report of the bytes it changed. */
@@ -103,7 +113,7 @@ static const char *scan(plover_inst_state_t *s, const char *entry) {
     if (first) {
       snprintf(s->report, sizeof s->report,
                PLOVER_FAULT_MARK "%s%s wrote past the end of %s (%zu%s): bytes %zu to %zu changed",
-               cur_what, entry ? entry : "?", names[b], g->len, cur_len, (size_t)(first - g->dat), (size_t)(last - g->dat));
+               cur_what, entry ? entry : "?", names[b], g->len, len_note(b), (size_t)(first - g->dat), (size_t)(last - g->dat));
       return s->report;
     }
   }
@@ -208,7 +218,7 @@ static void on_fault(int sig, siginfo_t *si, void *ctx) {
     }
     put(&l, " (");
     put_num(&l, g->len);
-    put(&l, cur_len);
+    put(&l, len_note(b));
     put(&l, ")\n");
     ssize_t w = write(2, l.b, l.n);
     if (report_fd >= 0 && report_fd != 2) w = write(report_fd, l.b, l.n);

@@ -55,13 +55,14 @@ typedef struct {
   int abi1;
   /* Checked mode (host_checked.c): in, tmp and out each in a mapping of
    * their own, body bytes between inaccessible guard pages; this request's
-   * buffer ends where the body does, to 256 bytes, and the bytes between
-   * its end and the body's hold a pattern checked after every entry. */
+   * in and out, and tmp at its capacity, end where the body does, to 256
+   * bytes, and the bytes between their end and the body's hold a pattern
+   * checked after every entry. */
   int checked;
   struct plover_guarded {
     uint8_t *body;
     size_t body_len;
-    uint8_t *dat; /* this request's buffer, len bytes */
+    uint8_t *dat; /* this request's buffer (tmp: all of it), len bytes */
     size_t len;
   } guard[3]; /* in, tmp, out */
   char report[320]; /* an overrun's message */
@@ -97,8 +98,8 @@ void plover_guarded_free(void *body, size_t n);
  * these capacities; base then points at each placed for its capacity. */
 void plover_checked_init(plover_inst_state_t *s, void *in, size_t in_n,
                          void *tmp, size_t tmp_n, void *out, size_t out_n);
-/* Places this request's buffers in st (lengths from st) and writes the
- * pattern after each. */
+/* Places this request's in and out in st (lengths from st), and tmp at its
+ * capacity, and writes the pattern after each. */
 void plover_checked_place(plover_inst_state_t *s);
 /* Runs the chain's entries, checking the patterns after each: NULL, or
  * the report of the first overrun (the chain stops there). */

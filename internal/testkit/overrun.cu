@@ -52,6 +52,19 @@ PLOVER_ENTRY(fill) {
   for (size_t i = 0; i < s->out.len; i++) s->out.dat[i] = i < s->input.len ? s->input.dat[i] : 0xEE;
 }
 
+/* tmp_write and tmp_read: tmp as state kept across requests. tmp_write
+ * sets tmp[i] = i % 251 + 1 for i < tmp.len; tmp_read returns the first
+ * min(tmp.len, out.len) bytes of tmp. */
+PLOVER_ENTRY(tmp_write) {
+  for (size_t i = 0; i < s->tmp.len; i++) s->tmp.dat[i] = (uint8_t)(i % 251 + 1);
+}
+
+PLOVER_ENTRY(tmp_read) {
+  size_t n = s->tmp.len < s->out.len ? s->tmp.len : s->out.len;
+  memcpy(s->out.dat, s->tmp.dat, n);
+  s->out.len = n;
+}
+
 /* echo: out = in (memcpy), for checked mode's cost against in place. */
 PLOVER_ENTRY(echo) {
   (void)grid, (void)block;

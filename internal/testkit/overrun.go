@@ -10,7 +10,9 @@ import (
 // mode: overrun (grid bytes past the end of the buffer block names: 0 in,
 // 1 tmp, 2 out; a negative grid writes before its start), overrun_kernel
 // (the same from a simulated CUDA kernel), fill (well-behaved: writes tmp
-// and out, echoing in) and echo (out = in). Build it with BuildLib.
+// and out, echoing in), echo (out = in), and tmp_write and tmp_read (tmp
+// as kept state: tmp[i] = i%251+1 over tmp.len; tmp's first bytes as
+// out). Build it with BuildLib.
 func OverrunSource() string { return filepath.Join(Root(), "internal", "testkit", "overrun.cu") }
 
 // OverrunManifest is a manifest for the overrunning kernels (library
