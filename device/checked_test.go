@@ -159,6 +159,19 @@ func TestCheckedOverrunWithinPadding(t *testing.T) {
 	}
 }
 
+// TestCheckedReadInPadding pins what docs/debugging.md says of reads:
+// only writes are caught within the padding. A read past in's end that
+// stays before the guard page returns the pattern (0xFD bytes) and the run
+// succeeds: in cannot end flush against its guard, as every buffer starts
+// 256-byte aligned (plover.h) and a page is the guard's unit.
+func TestCheckedReadInPadding(t *testing.T) {
+	e := loadOverrun(t, false)
+	out, err := e.run(t, "overread", 96, 0, make([]byte, 4000), 0, 1000) // 4000 bytes: 96 of padding
+	if err != nil || !bytes.Equal(out, bytes.Repeat([]byte{0xFD}, 96)) {
+		t.Fatalf("96 bytes read past 4000 of in: %v, %x; want the pattern, no error", err, out)
+	}
+}
+
 // TestCheckedTmpKept: tmp keeps what the previous request on this
 // instance left (plover.h), whatever tmp length each request runs with:
 // checked mode places tmp once, at its capacity. It was placed per

@@ -1,4 +1,5 @@
-/* Checked mode on the host device: an overrun of in, tmp or out is caught.
+/* Checked mode on the host device: an overrun of in, tmp or out is caught
+ * (a read only where it reaches the guard page: see below).
  *
  * Each buffer is a mapping of its own with an inaccessible page on either
  * side. in and out are placed per request so that the request's buffer
@@ -7,12 +8,15 @@
  * from one request to the next (plover.h), which a request with less tmp
  * must neither move nor overwrite, so a write past this request's tmp
  * length but within tmp_bytes is no overrun (the instance's own memory).
- * An access past the end faults at the access (the handler below names
+ * An access that reaches the guard faults at the access (the handler names
  * the entry and the buffer before the fault kills the worker); the 0-255
  * bytes between the end and the guard hold a pattern that is checked after
- * every entry, so a small overrun fails the request with the same names
- * and the worker lives on. Writes before a buffer's start are caught only
- * at a full body's start. */
+ * every entry, so a small overrun that writes fails the request with the
+ * same names and the worker lives on. A read there is not caught (it
+ * returns the pattern): the guard's unit is a page and every buffer
+ * starts 256-byte aligned (plover.h), so only a length that is a multiple
+ * of 256 ends flush against the guard. Writes before a buffer's start are
+ * caught only at a full body's start. */
 #define _GNU_SOURCE
 #include "host_run.h"
 

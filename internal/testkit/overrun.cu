@@ -23,6 +23,17 @@ PLOVER_ENTRY(overrun) {
     for (int i = -1; i >= grid; i--) p[i] = 0xAB;
 }
 
+/* overread: returns grid bytes read from the end of buffer block on: a
+ * read past the end, which checked mode catches only at the guard page. */
+PLOVER_ENTRY(overread) {
+  plover_buf_t *b = buffer(s, block);
+  const volatile uint8_t *p = b->dat + b->len;
+  size_t n = grid < 0 ? 0 : (size_t)grid;
+  if (n > s->out.len) n = s->out.len;
+  for (size_t i = 0; i < n; i++) s->out.dat[i] = p[i];
+  s->out.len = n;
+}
+
 __global__ void scribble(uint8_t *end) { end[threadIdx.x] = 0xAB; }
 
 PLOVER_ENTRY(overrun_kernel) {

@@ -8,7 +8,8 @@ import (
 
 // OverrunSource is the source of the overrunning test kernels for checked
 // mode: overrun (grid bytes past the end of the buffer block names: 0 in,
-// 1 tmp, 2 out; a negative grid writes before its start), overrun_kernel
+// 1 tmp, 2 out; a negative grid writes before its start), overread (as
+// out, grid bytes read from that buffer's end on), overrun_kernel
 // (the same from a simulated CUDA kernel), fill (well-behaved: writes tmp
 // and out, echoing in), echo (out = in), and tmp_write and tmp_read (tmp
 // as kept state: tmp[i] = i%251+1 over tmp.len; tmp's first bytes as
