@@ -48,6 +48,9 @@
  *     the others wait at this one) or returned before it. The message
  *     names the kernel, the block, the barrier's file and line, and a
  *     thread that did not reach it.
+ *   - A kernel must not throw (CUDA device code cannot): an exception out
+ *     of a kernel ends the process (std::terminate), whatever catches
+ *     around the launch.
  *   - Also there: __threadfence/_block (compiler barriers only), __ldg,
  *     __float_as_int and the other bit casts, __launch_bounds__ (ignored).
  *   - NOT SUPPORTED (compile errors on the host target): warp intrinsics
@@ -612,9 +615,12 @@ inline void invoke(void *f) {
  * the others run directly too (the fast path), else the block has run as
  * fibers by the time finish_block returns. Flattened, so the kernel is
  * inlined into the loops, and with the index variables themselves as loop
- * counters, as in ABI 1's serial loop: the kernel keeps the registers. */
+ * counters, as in ABI 1's serial loop: the kernel keeps the registers.
+ * noexcept: a kernel's exception ends the process (std::terminate) here as
+ * in a fiber (fiber_main); let out of a launch, one an entry caught would
+ * skip the reset below and wedge this OS thread's simulator. */
 template <class F>
-__attribute__((flatten)) inline void run(dim3 g, dim3 b, size_t shared, const F &fibers_body) {
+__attribute__((flatten)) inline void run(dim3 g, dim3 b, size_t shared, const F &fibers_body) noexcept {
   if (!begin(st, g, b, shared, &invoke<F>, (void *)&fibers_body)) return;
   /* A copy whose address stays here, so the compiler may keep the
    * arguments in registers. */

@@ -778,6 +778,72 @@ func TestSimStackGuard(t *testing.T) {
 	faultsOnAGuard(t, "TestSimStackGuard", "PLOVER_SIM_OVERFLOW_SO", "the overflowing child")
 }
 
+// TestSimKernelThrow: an exception out of a kernel ends the process
+// (std::terminate), from any thread of a block: CUDA device code cannot
+// throw, and a fiber's throw always ended it. From thread 0, or a block
+// without barriers, it left the launch past the simulator's reset, so an
+// entry that caught it wedged the simulator on that OS thread: every later
+// launch there failed "kernel launched from inside a kernel".
+func TestSimKernelThrow(t *testing.T) {
+	if so := os.Getenv("PLOVER_SIM_THROW_SO"); so != "" {
+		m := &abi.Manifest{Name: "throw", ABI: abi.Major, Target: abi.TargetHost, Library: filepath.Base(so),
+			OutBytes: 64, Chain: []abi.Launch{{Kernel: "throw_caught", Grid: 1, Block: 1}}}
+		prog, err := device.NewHost(0).Load(context.Background(), device.ProgramSpec{Dir: filepath.Dir(so), Manifest: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		inst, err := prog.NewInstance(device.InstanceConfig{Out: 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		idx, err := prog.Entry("throw_caught")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := make([]byte, 64)
+		err = inst.Run(&device.Run{Output: out, Chain: []device.Step{{Entry: idx}}, ZeroOut: true})
+		t.Fatalf("throw_caught returned (%v, %x) instead of ending the process", err, out[:8])
+	}
+	if testing.Short() {
+		t.Skip("runs a child process")
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "throw.cu")
+	if err := os.WriteFile(src, []byte(simThrowSource), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	so := testkit.BuildLib(t, src, dir, "throw.so", "-std=c++17", "-Wall", "-Wextra", "-Werror")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestSimKernelThrow$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "PLOVER_SIM_THROW_SO="+so)
+	child, err := cmd.CombinedOutput()
+	const want = "terminate called after throwing an instance of 'std::runtime_error'"
+	if err == nil || !strings.Contains(string(child), want) {
+		t.Fatalf("the child: %v, want it ended by std::terminate (%q):\n%s", err, want, child)
+	}
+}
+
+// simThrowSource: a kernel whose thread 1 throws (a block without
+// barriers: thread 0 has returned), launched by an entry that catches
+// around the launch and then launches again.
+const simThrowSource = `#include "plover_kernel.h"
+#include <stdexcept>
+PLOVER_BUNDLE("host");
+__global__ void thrower(unsigned *out) {
+  if (threadIdx.x == 1) throw std::runtime_error("thread 1 threw");
+  out[threadIdx.x] = 1;
+}
+__global__ void fine(unsigned *out) { out[threadIdx.x] = 2; }
+PLOVER_ENTRY(throw_caught) {
+  try {
+    PLOVER_LAUNCH(thrower, 1, 2, s, (unsigned *)s->out.dat);
+  } catch (...) {
+  }
+  PLOVER_LAUNCH(fine, 1, 2, s, (unsigned *)s->out.dat);
+}
+`
+
 // faultsOnAGuard runs test again in a child process with env naming a
 // fresh sim.so, and fails unless the child (what) dies of SIGSEGV on a
 // guard page: sigcode=2, SEGV_ACCERR, a mapped page without access.
