@@ -47,7 +47,10 @@
  *     it in a conditional (they return, or reach another barrier, while
  *     the others wait at this one) or returned before it. The message
  *     names the kernel, the block, the barrier's file and line, and a
- *     thread that did not reach it.
+ *     thread that did not reach it. Barriers are told apart by file and
+ *     line alone: two on one line, or one in a __device__ function that
+ *     divergent branches both call, count as one, and threads meeting at
+ *     different ones of them are not reported.
  *   - A kernel must not throw (CUDA device code cannot): an exception out
  *     of a kernel ends the process (std::terminate), whatever catches
  *     around the launch.
@@ -691,7 +694,10 @@ inline Launcher<K> launcher(dim3 grid, dim3 block, size_t shared, K kernel, cons
   type *const name = reinterpret_cast<type *>(::plover_sim_::st.dyn)
 
 /* Barriers: the compiler must not keep memory in registers across them.
- * Macros, so that each call names its file and line (divergence reports). */
+ * Macros, so that each call names its file and line (divergence reports).
+ * That is all that tells barriers apart: __COUNTER__ would split two on
+ * one line but not a helper's one barrier reached from two call sites, and
+ * a return address splits what the optimizer duplicates (a false report). */
 #define PLOVER_STR2_(x) #x
 #define PLOVER_STR_(x) PLOVER_STR2_(x)
 #define PLOVER_SITE_ __FILE__ ":" PLOVER_STR_(__LINE__)
