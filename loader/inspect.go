@@ -158,6 +158,11 @@ func Inspect(path string) (info *Info, err error) {
 			return nil, &Error{Path: path, Reason: fmt.Sprintf("does not export %s: build it with PLOVER_BUNDLE(\"host\"|\"cuda\") from plover.h", name)}
 		}
 	}
+	// The runtime calls plover_last_error after every chain and hook: as
+	// data, its address would be called (hooks get this check in Open).
+	if !info.Funcs[abi.SymLastError] {
+		return nil, &Error{Path: path, Reason: fmt.Sprintf("exports %s, but not as a function (const char *%s(void), which PLOVER_BUNDLE defines)", abi.SymLastError, abi.SymLastError)}
+	}
 	ver, err := symbolBytes(ef, verSym, 4)
 	if err != nil {
 		return nil, &Error{Path: path, Reason: "cannot read " + abi.SymABIVersion, Err: err}

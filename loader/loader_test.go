@@ -53,6 +53,12 @@ PLOVER_ENTRY(k2) { (void)s; (void)grid; (void)block; }`), dir, "helper.so")
 PLOVER_BUNDLE("host");
 PLOVER_EXPORT int plover_instance_init = 1;
 PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "datahook.so")
+	// plover_last_error as data: the runtime would call its address.
+	dataLastError := testkit.BuildLib(t, writeSrc(t, dir, "datalasterror.cu", `#include "plover.h"
+PLOVER_EXPORT const uint32_t plover_abi_version = PLOVER_ABI_VERSION;
+PLOVER_EXPORT const char plover_target[] = "host";
+PLOVER_EXPORT const char *plover_last_error = 0;
+PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "datalasterror.so")
 	cudaTarget := testkit.BuildLib(t, writeSrc(t, dir, "cuda.cu", `#include "plover.h"
 PLOVER_BUNDLE("cuda");
 PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "cuda.so")
@@ -93,6 +99,7 @@ PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "cxx.so")
 		{"hook must be a function", dataHook, []string{"k"}, "exports plover_instance_init, but not as a function"},
 		{"wrong target", cudaTarget, []string{"k"}, `built for target "cuda", the device is "host"`},
 		{"no PLOVER_BUNDLE", noBundle, []string{"k"}, "does not export plover_abi_version"},
+		{"plover_last_error must be a function", dataLastError, []string{"k"}, "exports plover_last_error, but not as a function"},
 		{"missing kernel", good, []string{"echo", "nope"}, `kernel "nope" is not in the library; this bundle declares `},
 		{"a typo gets a suggestion", good, []string{"ech"}, `(did you mean "echo"?)`},
 		{"libc function is no kernel", good, []string{"system"}, `kernel "system" is not in the library`},
