@@ -9,7 +9,7 @@ import (
 
 // errHeaderParts refuses an inference header whose parts would take far
 // more memory than its bytes (oip.MaxParts).
-var errHeaderParts = fmt.Errorf("the inference header holds more than %d values besides its tensors' data (tensors, their names, shapes and parameters)", oip.MaxParts)
+var errHeaderParts = fmt.Errorf("the inference header holds more than %d values besides its tensors' data (tensors, their names, shapes and parameters), or nests them more than %d deep", oip.MaxParts, maxHeaderNesting)
 
 // The roles a JSON value plays in headerParts' walk.
 const (
@@ -60,6 +60,9 @@ func headerParts(b []byte, limit int) (n int, ok bool) {
 				if len(stack) >= maxNesting {
 					return n, false // decode's syntax check says why
 				}
+				if f.role != roleData && len(stack) >= maxHeaderNesting {
+					return limit + 1, true
+				}
 				stack = append(stack, f)
 				if role, ok = p.member(f); !ok {
 					return n, false
@@ -104,6 +107,13 @@ func headerParts(b []byte, limit int) (n int, ok bool) {
 // maxNesting is how deep encoding/json reads a document (its scanner's
 // maxNestingDepth): a deeper one is refused, "exceeded max depth".
 const maxNesting = 10000
+
+// maxHeaderNesting bounds the nesting of what encoding/json decodes by
+// recursion, all but tensors' data (kept raw, skipped by its scanner's
+// loop): a parameters value nested 10,000 deep took about a MiB of the
+// request goroutine's stack. Past what parse takes (its skip's maxDepth
+// within a tensor's parameters), so that the two give one answer.
+const maxHeaderNesting = 128
 
 func closer(f partFrame) byte {
 	if f.obj {

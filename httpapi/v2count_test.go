@@ -52,3 +52,32 @@ func TestHeaderPartsBound(t *testing.T) {
 		})
 	}
 }
+
+// A header's values other than tensors' data (which encoding/json keeps
+// raw, skipping it by a loop) nest at most maxHeaderNesting deep: decode
+// reads parameters by recursion, and a value nested 10,000 deep took
+// about a MiB of stack. Data may nest as deep as encoding/json reads.
+func TestHeaderNestingBound(t *testing.T) {
+	nested := func(depth int) string { return strings.Repeat(`{"a":`, depth) + "1" + strings.Repeat("}", depth) }
+	deepData := strings.Repeat("[", 5000) + "1" + strings.Repeat("]", 5000)
+	for _, tc := range []struct {
+		name    string
+		header  string
+		refused bool
+	}{
+		{"parameters 100 deep", `{"inputs":[],"parameters":` + nested(100) + `}`, false},
+		{"parameters past the bound", `{"inputs":[],"parameters":` + nested(maxHeaderNesting) + `}`, true},
+		{"parameters 9,000 deep", `{"inputs":[],"parameters":` + nested(9000) + `}`, true},
+		{"a tensor's parameters past the bound", `{"inputs":[{"name":"x","parameters":` + nested(maxHeaderNesting) + `}]}`, true},
+		{"data 5,000 deep", `{"inputs":[{"name":"x","data":` + deepData + `}]}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h inferHeader
+			err := h.read([]byte(tc.header))
+			refused := err != nil && strings.Contains(err.Error(), "deep")
+			if refused != tc.refused {
+				t.Fatalf("read: %v; want refused for its nesting %v", err, tc.refused)
+			}
+		})
+	}
+}
