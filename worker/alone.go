@@ -198,15 +198,36 @@ func (e *refusedBeside) Error() string {
 
 // besideRefusal is err, the failure of g's load, as a refusedBeside where
 // it is one (g not alone), the bundle marked to run in a worker of its own
-// from now on (setOwn, which logs it once); else err as it is.
+// from now on (setOwn, which logs it once) unless the refusal is one of
+// the moment; else err as it is.
 func (d *Device) besideRefusal(spec device.ProgramSpec, g *program, alone bool, err error) error {
 	reason, ok := loader.OpenFailed(err)
 	if alone || !ok || !g.p.heldOthers() {
 		return err
 	}
-	d.setOwn(spec, filepath.Join(spec.Dir, spec.Manifest.Library),
-		"its library could not be loaded beside its tenant's other functions, which may hold what it needs ("+reason+"); it is loaded again alone")
+	if !momentary(reason) {
+		d.setOwn(spec, filepath.Join(spec.Dir, spec.Manifest.Library),
+			"its library could not be loaded beside its tenant's other functions, which may hold what it needs ("+reason+"); it is loaded again alone")
+	}
 	return &refusedBeside{err}
+}
+
+// momentary reports whether reason, dlopen's, is a shortage of the
+// moment (memory to map the library, descriptors) rather than what the
+// siblings hold for good (their static TLS, a dependency of one soname):
+// this load goes alone all the same, but the bundle is not marked, as one
+// such refusal marked it for the server's life, a process (on a GPU, a
+// CUDA context) more at each of its loads (the 60th's LOW).
+func momentary(reason string) bool {
+	if strings.Contains(reason, "static TLS") {
+		return false
+	}
+	for _, m := range []string{"failed to map segment", "Cannot allocate memory", "Too many open files", "Resource temporarily unavailable"} {
+		if strings.Contains(reason, m) {
+			return true
+		}
+	}
+	return false
 }
 
 // heldOthers reports whether p, a tenant's worker, has held a program

@@ -270,3 +270,32 @@ func TestTenantLateLoadRefusedBesideSiblingsLoadsAlone(t *testing.T) {
 		t.Errorf("second loaded beside first, in worker %d", pidOf(a))
 	}
 }
+
+// A library refused beside its tenant's other functions for a shortage
+// of the moment (memory to map it, descriptors) is loaded alone that
+// once, not marked to be for the server's life; one refused for what the
+// siblings hold (static TLS, a symbol) is marked.
+func TestAMomentaryRefusalBesideSiblingsMarksNothing(t *testing.T) {
+	for _, c := range []struct {
+		reason string
+		marked bool
+	}{
+		{"libx.so: cannot allocate memory in static TLS block", true},
+		{"libdep.so.1: undefined symbol: model_v2", true},
+		{"libx.so: failed to map segment from shared object", false},
+		{"libx.so: cannot open shared object file: Cannot allocate memory", false},
+		{"libx.so: cannot open shared object file: Too many open files", false},
+	} {
+		d := &Device{opts: Options{Log: slog.New(slog.DiscardHandler)}}
+		g := &program{p: &proc{tenant: &tenancy{nextID: 2}}}
+		spec := device.ProgramSpec{Dir: t.TempDir(), Manifest: testkit.Manifest("f"), Tenant: "t"}
+		err := d.besideRefusal(spec, g, false, &loader.Error{Path: "libx.so", Reason: "dlopen failed: " + c.reason})
+		var rb *refusedBeside
+		if !errors.As(err, &rb) {
+			t.Fatalf("%s: %v, want a refusal beside siblings (loaded again alone)", c.reason, err)
+		}
+		if got := d.own.m[filepath.Join(spec.Dir, spec.Manifest.Library)] != ""; got != c.marked {
+			t.Errorf("%s: marked to run alone %v, want %v", c.reason, got, c.marked)
+		}
+	}
+}
