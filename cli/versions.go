@@ -23,14 +23,81 @@ import (
 const progressThreshold = 4 << 20
 
 // withProgress wraps r in a progress bar when the upload is large and stderr
-// is a terminal.
-func withProgress(r io.Reader, size int64, what string, env *Env) (io.Reader, func()) {
+// is a terminal. What it returns seeks as r does (progressBody says why).
+func withProgress(r io.ReadSeeker, size int64, what string, env *Env) (io.ReadSeeker, func()) {
 	if size < progressThreshold || !env.StderrIsTerminal {
 		return r, func() {}
 	}
-	bar := progressbar.DefaultBytes(size, what)
-	pr := progressbar.NewReader(r, bar)
-	return &pr, func() { bar.Finish(); fmt.Fprintln(env.Stderr) }
+	// DefaultBytes' look, drawn on env.Stderr (DefaultBytes draws on
+	// os.Stderr, past the Env a command is given).
+	bar := progressbar.NewOptions64(size,
+		progressbar.OptionSetDescription(what),
+		progressbar.OptionSetWriter(env.Stderr),
+		progressbar.OptionShowBytes(true),
+		progressbar.OptionShowTotalBytes(true),
+		progressbar.OptionSetWidth(10),
+		progressbar.OptionThrottle(65*time.Millisecond),
+		progressbar.OptionShowCount(),
+		progressbar.OptionOnCompletion(func() { fmt.Fprint(env.Stderr, "\n") }),
+		progressbar.OptionSpinnerType(14),
+		progressbar.OptionFullWidth(),
+		progressbar.OptionSetRenderBlankState(true),
+	)
+	return &progressBody{r: r, bar: bar, size: size}, func() { bar.Finish(); fmt.Fprintln(env.Stderr) }
+}
+
+// progressBody is an upload's body that moves a progress bar as it is
+// read, and seeks as the reader it wraps does, because a deploy to a store
+// needs that: minio-go retries a PUT (a 503 SlowDown) only with a body it
+// can rewind, and a publish whose bundle a concurrent gc took while its
+// record was written stores the bundle again only from a body it can read
+// again (registry's ensureBundle). progressbar.Reader, which it replaces,
+// could only Read: from a terminal, one 503 failed the deploy, and a bundle
+// taken meanwhile left a record naming a missing object.
+//
+// The bar shows how far reading has got: a seek back (a retry, a second
+// upload) takes it back at the next Read. A seek alone moves nothing,
+// as the store seeks to the end and back to check the size before reading.
+//
+// It has no ReadAt, deliberately: minio-go would then read the single PUT
+// through ReadAt and upload a bundle over 16 MiB in parallel parts read
+// with ReadAt, each retried part read again, and a bar fed from those
+// reads would jump about and overcount. Without it the PUT reads in turn
+// and retries by Seek, and the parts of a large bundle are read one after
+// another into buffers that minio-go sends again on a retry.
+type progressBody struct {
+	r    io.ReadSeeker
+	bar  *progressbar.ProgressBar
+	size int64
+	pos  int64 // the offset in r: where the next Read starts
+}
+
+func (p *progressBody) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	p.pos += int64(n)
+	if n > 0 {
+		p.show()
+	}
+	return n, err
+}
+
+func (p *progressBody) Seek(offset int64, whence int) (int64, error) {
+	pos, err := p.r.Seek(offset, whence)
+	if err == nil {
+		p.pos = pos
+	}
+	return pos, err
+}
+
+// show sets the bar to pos. A bar that reached its end stays there
+// whatever is added (progressbar's rule), so one read to the end before
+// a seek back starts over.
+func (p *progressBody) show() {
+	v := min(p.pos, p.size)
+	if v < p.bar.State().CurrentNum && p.bar.IsFinished() {
+		p.bar.Reset()
+	}
+	p.bar.Set64(v)
 }
 
 func versionsCmd() *command {
