@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -362,6 +363,7 @@ func TestParseEndpointHidesAPassword(t *testing.T) {
 		{"http://user:s3cr3tpw@minio:9000/%zz", "http://xxxxx@minio:9000\": not a URL"}, // fails after the host
 		{"user:s3cr3tpw@minio:9000", `"xxxxx@minio:9000"`},                              // no scheme
 		{"http://user:s3cr3tpw@[::1", "not a URL"},
+		{"http://user:s3cr3t/pw@minio:9000", `"http://xxxxx@minio:9000"`}, // an AWS secret may hold a "/"
 	} {
 		_, _, err := parseEndpoint(tc.ep, false)
 		if err == nil {
@@ -371,5 +373,36 @@ func TestParseEndpointHidesAPassword(t *testing.T) {
 		if msg := err.Error(); strings.Contains(msg, "s3cr") || strings.Contains(msg, "3tpw") || !strings.Contains(msg, tc.says) {
 			t.Errorf("%s: %q shows the password, or does not say %q", tc.ep, msg, tc.says)
 		}
+	}
+}
+
+// A mistyped store URL may carry credentials; its error names what is
+// wrong with the URL shown without them (a user and password as
+// "xxxxx@", no query or fragment). The errors quoted the whole URL.
+func TestOpenHidesCredentialsInTheURL(t *testing.T) {
+	noS3Env(t)
+	opts := S3Options{Endpoint: "http://127.0.0.1:1", AccessKey: "a", SecretKey: "b"}
+	for _, tc := range []struct{ url, says string }{
+		{"s3://AKIAEXAMPLE:wJalrSECRETKEY@my-bucket", `store "s3://xxxxx@my-bucket": an s3:// URL holds no user or password`},
+		{"s3://AKIAEXAMPLE:wJalr/SECRETKEY@my-bucket/prefix", `store "s3://xxxxx@my-bucket/prefix": an s3:// URL holds no user or password`},
+		{"s3://my-bucket?secret_key=wJalrSECRETKEY", `store "s3://my-bucket": s3:// URLs take no query or fragment`},
+		{"s3://my-bucket#wJalrSECRETKEY", `store "s3://my-bucket": s3:// URLs take no query or fragment`},
+		{"s3://AKIAEXAMPLE:wJalr?SECRETKEY@my-bucket", `store "s3://xxxxx@": an s3:// URL holds no user or password`},
+		{"https://AKIAEXAMPLE:wJalrSECRETKEY@s3.example.com/b", `store "https://xxxxx@s3.example.com/b": unsupported scheme`},
+		{"https://s3.example.com/b?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=wJalrSECRETKEY", `store "https://s3.example.com/b": unsupported scheme`},
+	} {
+		_, err := Open(context.Background(), tc.url, opts)
+		if err == nil {
+			t.Errorf("%s: no error", tc.url)
+			continue
+		}
+		if msg := err.Error(); strings.Contains(msg, "wJalr") || strings.Contains(msg, "SECRETKEY") || strings.Contains(msg, "AKIAEXAMPLE") || !strings.Contains(msg, tc.says) {
+			t.Errorf("%s: %q shows a credential, or does not say %q", tc.url, msg, tc.says)
+		}
+	}
+	// NewS3 is given the bucket itself, unchecked.
+	_, err := NewS3(context.Background(), "AKIAEXAMPLE:wJalrSECRETKEY@my-bucket", "", opts)
+	if msg := fmt.Sprint(err); strings.Contains(msg, "wJalr") || strings.Contains(msg, "AKIAEXAMPLE") || !strings.Contains(msg, `invalid bucket name "xxxxx@my-bucket"`) {
+		t.Errorf("NewS3: %q shows a credential, or does not name the bucket as invalid", msg)
 	}
 }

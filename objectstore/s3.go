@@ -142,18 +142,15 @@ func parseEndpoint(ep string, insecure bool) (host string, secure bool, err erro
 }
 
 // endpointHead is ep's scheme and host for a message, nothing after them,
-// and any user and password before the host as "xxxxx@".
+// and any user and password before the host as "xxxxx@" (redactURL's
+// rule, which masks a password holding a "/" whole).
 func endpointHead(ep string) string {
-	scheme, rest, ok := strings.Cut(ep, "://")
+	shown := redactURL(ep)
+	scheme, rest, ok := strings.Cut(shown, "://")
 	if !ok {
-		rest = ep
+		scheme, rest = "", shown
 	}
-	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-		rest = rest[:i]
-	}
-	if i := strings.LastIndex(rest, "@"); i >= 0 {
-		rest = "xxxxx" + rest[i:]
-	}
+	rest, _, _ = strings.Cut(rest, "/")
 	if !ok {
 		return rest
 	}
@@ -169,7 +166,7 @@ func endpointHead(ep string) string {
 // AWS_REGION (then AWS_DEFAULT_REGION; empty means ask the service),
 // AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (with AWS_SESSION_TOKEN).
 func NewS3(ctx context.Context, bucket, prefix string, opts S3Options) (*S3, error) {
-	name := s3Name(bucket, prefix)
+	name := redactURL(s3Name(bucket, prefix)) // the bucket and prefix are not checked yet
 	if err := checkBucket(bucket); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
@@ -238,7 +235,7 @@ func checkBucket(bucket string) error {
 		return errors.New("empty bucket name")
 	}
 	if err := s3utils.CheckValidBucketNameStrict(bucket); err != nil {
-		return fmt.Errorf("invalid bucket name %q: %v", bucket, err)
+		return fmt.Errorf("invalid bucket name %q: %v", redactURL(bucket), err)
 	}
 	return nil
 }

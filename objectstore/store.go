@@ -115,31 +115,69 @@ func Open(ctx context.Context, rawURL string, s3 S3Options) (Store, error) {
 		}
 		return NewS3(ctx, bucket, prefix, s3)
 	case strings.Contains(rawURL, "://"):
-		return nil, fmt.Errorf("store %q: unsupported scheme (want file://, s3:// or a path)", rawURL)
+		return nil, fmt.Errorf("store %q: unsupported scheme (want file://, s3:// or a path)", redactURL(rawURL))
 	default:
 		return NewFS(rawURL)
 	}
 }
 
+// parseS3URL splits s3://bucket[/prefix]. Its errors name the URL as
+// redactURL shows it.
 func parseS3URL(rawURL string) (bucket, prefix string, err error) {
+	shown := redactURL(rawURL)
 	rest := strings.TrimPrefix(rawURL, "s3://")
+	if strings.Contains(rest, "@") {
+		// No bucket or prefix holds one: this is s3://KEY:SECRET@bucket.
+		return "", "", fmt.Errorf("store %q: an s3:// URL holds no user or password (\"@\"): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", shown)
+	}
 	if strings.ContainsAny(rest, "?#") {
-		return "", "", fmt.Errorf("store %q: s3:// URLs take no query or fragment", rawURL)
+		return "", "", fmt.Errorf("store %q: s3:// URLs take no query or fragment", shown)
 	}
 	bucket, prefix, _ = strings.Cut(rest, "/")
 	if bucket == "" {
-		return "", "", fmt.Errorf("store %q: empty bucket name (want s3://bucket[/prefix])", rawURL)
+		return "", "", fmt.Errorf("store %q: empty bucket name (want s3://bucket[/prefix])", shown)
 	}
 	if err := checkBucket(bucket); err != nil {
-		return "", "", fmt.Errorf("store %q: %w", rawURL, err)
+		return "", "", fmt.Errorf("store %q: %w", shown, err)
 	}
 	prefix = strings.Trim(prefix, "/")
 	if prefix != "" {
 		if err := CheckKey(prefix); err != nil {
-			return "", "", fmt.Errorf("store %q: prefix: %w", rawURL, err)
+			return "", "", fmt.Errorf("store %q: prefix: %w", shown, err)
 		}
 	}
 	return bucket, prefix, nil
+}
+
+// redactURL is a store URL (or a bucket) as an error shows it: a user and
+// password before the host as "xxxxx@", and no query or fragment. Errors
+// reach logs and a command's output, and a mistyped URL may carry
+// credentials (s3://KEY:SECRET@bucket, s3://bucket?secret_key=...).
+//
+// The user and password go up to the last "@", not the first "/": an AWS
+// secret key may hold a "/". Where a "?" or "#" comes before that "@",
+// which of the two the secret lies in cannot be told, and nothing after
+// the scheme is shown.
+func redactURL(raw string) string {
+	scheme, rest, hasScheme := strings.Cut(raw, "://")
+	if !hasScheme {
+		rest = raw
+	}
+	q := strings.IndexAny(rest, "?#")
+	if at := strings.LastIndex(rest, "@"); at >= 0 {
+		if q >= 0 && q < at {
+			rest = "xxxxx@"
+		} else {
+			rest = "xxxxx" + rest[at:]
+		}
+	}
+	if q := strings.IndexAny(rest, "?#"); q >= 0 {
+		rest = rest[:q]
+	}
+	if !hasScheme {
+		return rest
+	}
+	return scheme + "://" + rest
 }
 
 // ctxReader stops a long copy when its context ends.
