@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/abi"
 )
 
 // sumsFile, in an unpacked bundle directory, lists the SHA-256 of each of
@@ -107,6 +109,11 @@ const unpackedAge = 30 * 24 * time.Hour
 // differs (or that the list is missing: a cache entry from before the lists,
 // which is simply fetched again). It returns what it found on disk: each
 // file's identity as it was before it was read (stamps.unchanged).
+//
+// The list must name exactly what the bundle holds: plover.json, and the
+// library and constants its manifest names. A list that lost lines would
+// otherwise leave a file unchecked, then stamped as checked and loaded:
+// with the stamps file gone too, damaged constants passed.
 func checkSums(dir string) (stamps, error) {
 	f, err := os.Open(filepath.Join(dir, sumsFile))
 	if err != nil {
@@ -118,12 +125,14 @@ func checkSums(dir string) (stamps, error) {
 		return nil, err
 	}
 	st := stamps{list}
+	listed := map[string]bool{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		want, name, ok := sumsLine(sc.Text())
-		if !ok {
+		if !ok || listed[name] {
 			return nil, fmt.Errorf("digest list line %q is malformed", sc.Text())
 		}
+		listed[name] = true
 		got, s, err := fileSum(filepath.Join(dir, name), false)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
@@ -139,7 +148,41 @@ func checkSums(dir string) (stamps, error) {
 	if len(st) == 1 {
 		return nil, fmt.Errorf("empty digest list")
 	}
+	if err := listsBundle(dir, listed); err != nil {
+		return nil, err
+	}
 	return st, nil
+}
+
+// listsBundle checks that listed names exactly the files of the bundle
+// unpacked in dir: its plover.json (hashed by now, so its names can be
+// trusted), the library and the constants.
+func listsBundle(dir string, listed map[string]bool) error {
+	if !listed[abi.ManifestFile] {
+		return fmt.Errorf("digest list does not name %s", abi.ManifestFile)
+	}
+	m, err := readManifest(files{dir: dir}, abi.ParseStoredManifest)
+	if err != nil {
+		return err
+	}
+	want := map[string]string{abi.ManifestFile: "manifest"}
+	if m.Library != "" {
+		want[m.Library] = "library"
+	}
+	if m.Constants != "" {
+		want[m.Constants] = "constants"
+	}
+	for name, what := range want {
+		if !listed[name] {
+			return fmt.Errorf("digest list does not name %s, the bundle's %s", name, what)
+		}
+	}
+	for name := range listed {
+		if want[name] == "" {
+			return fmt.Errorf("digest list names %s, which the bundle's manifest does not", name)
+		}
+	}
+	return nil
 }
 
 // sumsLine reads a digest list's line: a digest, two spaces, a file name
