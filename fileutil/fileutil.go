@@ -1,13 +1,15 @@
 // Package fileutil holds the file copies the worker's stage, plover build
 // and the benchmark suite share, and the writer that tells a failed write
-// from a failed read in a copy (the deploy spool, the bundle cache), and a
-// small file's atomic replacement (WriteAtomic).
+// from a failed read in a copy (the deploy spool, the bundle cache), a
+// small file's atomic replacement (WriteAtomic), and directories made and
+// synced durably (SyncDir, MkdirAllDurable).
 package fileutil
 
 import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -109,17 +111,67 @@ func Replace(path, pattern string, perm os.FileMode, fill func(*os.File) error) 
 	if err != nil {
 		return err
 	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
+	if err := SyncDir(filepath.Dir(path)); err != nil {
 		return fmt.Errorf("%w: %w", ErrNotDurable, err)
+	}
+	return nil
+}
+
+// SyncDir syncs directory dir, making durable the changes to its entries
+// (a rename, an unlink, a directory made). A file system that does not
+// sync directories (EINVAL, ENOTSUP: some FUSE and network mounts) is no
+// failure: how durable its entries are is the mount's own.
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
 	}
 	defer d.Close()
 	err = syncDir(d)
 	if err == nil || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOTSUP) {
-		// The file is replaced, and how durably is the mount's own.
 		return nil
 	}
-	return fmt.Errorf("%w: %w", ErrNotDurable, err)
+	return err
+}
+
+// MkdirAllDurable is os.MkdirAll that also syncs the parent of each
+// directory it makes, so that a crash cannot take back a directory, and
+// with it a file made durable in it (Replace syncs the file's own
+// directory, not the entry that makes that directory visible). A
+// directory already there costs a stat and no sync.
+//
+// Where a sync fails, the directories it made are removed again, those
+// still empty, so that the next call makes them and syncs again instead
+// of finding them there and taking them as durable. A directory another
+// process made just before, and has not synced yet, is taken as it is.
+func MkdirAllDurable(dir string, perm os.FileMode) error {
+	if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+		return nil
+	}
+	var made []string // what MkdirAll will make, the deepest first
+	for d := filepath.Clean(dir); ; {
+		if _, err := os.Lstat(d); !errors.Is(err, fs.ErrNotExist) {
+			break // there, or unreadable: MkdirAll says which
+		}
+		made = append(made, d)
+		up := filepath.Dir(d)
+		if up == d {
+			break
+		}
+		d = up
+	}
+	if err := os.MkdirAll(dir, perm); err != nil {
+		return err
+	}
+	for _, d := range made {
+		if err := SyncDir(filepath.Dir(d)); err != nil {
+			for _, d := range made {
+				os.Remove(d) // fails, harmlessly, on one that holds something
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 // ErrNotDurable is a Replace that failed after its rename: the file

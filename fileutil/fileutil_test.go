@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -181,5 +182,80 @@ func TestWriteAtomicFailedBeforeItsRename(t *testing.T) {
 	err := WriteAtomic(filepath.Join(t.TempDir(), "missing", "state.json"), []byte("new"), 0o600)
 	if err == nil || errors.Is(err, ErrNotDurable) {
 		t.Errorf("WriteAtomic into a missing directory: %v, want an error that is not ErrNotDurable", err)
+	}
+}
+
+// MkdirAllDurable makes the directories missing and syncs the parent of
+// each it made, once: a directory already there syncs nothing. Whether the
+// syncs make the entries survive a power loss is the kernel's part, not
+// tested here.
+func TestMkdirAllDurable(t *testing.T) {
+	defer func(f func(*os.File) error) { syncDir = f }(syncDir)
+	var synced []string
+	syncDir = func(f *os.File) error { synced = append(synced, f.Name()); return f.Sync() }
+	root := t.TempDir()
+	dir := filepath.Join(root, "a", "b", "c")
+	if err := MkdirAllDurable(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		t.Fatalf("%s not made: %v", dir, err)
+	}
+	want := []string{filepath.Join(root, "a", "b"), filepath.Join(root, "a"), root}
+	if !slices.Equal(synced, want) {
+		t.Errorf("synced %q, want the parents of what was made %q", synced, want)
+	}
+	synced = nil
+	if err := MkdirAllDurable(dir, 0o755); err != nil || len(synced) != 0 {
+		t.Errorf("again: %v, synced %q; want nil and no sync", err, synced)
+	}
+	if err := MkdirAllDurable(filepath.Join(dir, "d"), 0o755); err != nil || !slices.Equal(synced, []string{dir}) {
+		t.Errorf("one more level: %v, synced %q; want %s alone", err, synced, dir)
+	}
+	// A file in the way is MkdirAll's error, as it was.
+	os.WriteFile(filepath.Join(root, "f"), nil, 0o644)
+	if err := MkdirAllDurable(filepath.Join(root, "f", "x"), 0o755); err == nil {
+		t.Error("a file in the way: no error")
+	}
+}
+
+// A sync MkdirAllDurable cannot do is its error, and the directories it
+// made are gone, so that the next call makes them and syncs them again;
+// a file system that does not sync directories (EINVAL) is none.
+func TestMkdirAllDurableSyncFails(t *testing.T) {
+	defer func(f func(*os.File) error) { syncDir = f }(syncDir)
+	root := t.TempDir()
+	syncDir = func(f *os.File) error { return &os.PathError{Op: "sync", Path: f.Name(), Err: syscall.EIO} }
+	if err := MkdirAllDurable(filepath.Join(root, "a", "b"), 0o755); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("sync failing EIO: %v, want it", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "a")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after the failed sync, %s: %v, want it removed", filepath.Join(root, "a"), err)
+	}
+	syncDir = func(f *os.File) error { return &os.PathError{Op: "sync", Path: f.Name(), Err: syscall.EINVAL} }
+	if err := MkdirAllDurable(filepath.Join(root, "a", "b"), 0o755); err != nil {
+		t.Errorf("sync unsupported (EINVAL): %v, want nil", err)
+	}
+}
+
+// SyncDir, which FS.Delete runs after an unlink: a failed sync is its
+// error, one the file system does not do (EINVAL, ENOTSUP) none.
+func TestSyncDir(t *testing.T) {
+	defer func(f func(*os.File) error) { syncDir = f }(syncDir)
+	dir := t.TempDir()
+	if err := SyncDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		err  error
+		fail bool
+	}{{syscall.EINVAL, false}, {syscall.ENOTSUP, false}, {syscall.EIO, true}} {
+		syncDir = func(f *os.File) error { return &os.PathError{Op: "sync", Path: f.Name(), Err: c.err} }
+		if err := SyncDir(dir); (err != nil) != c.fail {
+			t.Errorf("sync %v: SyncDir %v, want failed %v", c.err, err, c.fail)
+		}
+	}
+	if err := SyncDir(filepath.Join(dir, "missing")); err == nil {
+		t.Error("a missing directory: no error")
 	}
 }

@@ -31,7 +31,7 @@ func NewFS(dir string) (*FS, error) {
 	if err != nil {
 		return nil, fmt.Errorf("filesystem store %s: %w", dir, err)
 	}
-	if err := os.MkdirAll(abs, 0o755); err != nil {
+	if err := fileutil.MkdirAllDurable(abs, 0o755); err != nil { // its first write's durability rests on it
 		return nil, fmt.Errorf("filesystem store: %w", err)
 	}
 	return &FS{root: abs}, nil
@@ -68,7 +68,9 @@ func (s *FS) Put(ctx context.Context, key string, r io.Reader, size int64) error
 // write puts r's bytes at p through a temporary file, a rename and an
 // fsync of the directory, so the object survives a crash once Put returns.
 func (s *FS) write(ctx context.Context, key, p string, r io.Reader, size int64) error {
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+	// Durably: the directory's sync below keeps the object's entry, not
+	// the directory's own (functions/, bundles/ at a store's first write).
+	if err := fileutil.MkdirAllDurable(filepath.Dir(p), 0o755); err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
 	var stamped time.Time
@@ -190,7 +192,7 @@ func (s *FS) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifM
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+	if err := fileutil.MkdirAllDurable(filepath.Dir(p), 0o755); err != nil { // as write's
 		return fmt.Errorf("put %s: %w", key, err)
 	}
 	unlock, err := s.lockKey(ctx, p)
@@ -414,11 +416,19 @@ func (s *FS) Delete(ctx context.Context, key string) error {
 	}
 	// unlink, not os.Remove: a directory is never removed (a Put may be
 	// about to write in it).
-	if err := unix.Unlink(p); err != nil && !noDir(err) {
+	err = unix.Unlink(p)
+	if err != nil && !noDir(err) {
 		if fi, lerr := os.Lstat(p); lerr == nil && fi.IsDir() {
 			return nil // a prefix of other keys names no object, as in S3
 		}
 		return fmt.Errorf("delete %s: %w", key, &fs.PathError{Op: "unlink", Path: p, Err: err})
+	}
+	if err == nil {
+		// A delete answered is one a crash does not take back: a deleted
+		// record brought back would be a function deleted coming back.
+		if err := fileutil.SyncDir(filepath.Dir(p)); err != nil {
+			return fmt.Errorf("delete %s: removed, but not durably (a crash may bring it back): %w", key, err)
+		}
 	}
 	return nil
 }
