@@ -14,6 +14,7 @@ import (
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/sched"
 )
@@ -120,6 +121,34 @@ type answerBody struct {
 	conn net.Conn
 	s    *Server
 	ctx  *fasthttp.RequestCtx // its request, for a panic's log line
+	// tk is its request's place in its token's concurrency, handed over
+	// as the handler returns (holdTicket) and given back as the last
+	// piece starts (letGo): given back with the handler's return, a token
+	// of concurrency 1 had any number of large answers being written to
+	// clients that read them slowly, each holding its bytes. Not after the
+	// last piece: a client calling one at a time, its next request sent
+	// on another connection as the answer's end arrives, must find the
+	// place free.
+	tk gate.Ticket
+}
+
+// holdTicket gives tk to the answer ctx's response is, if it is one
+// written after the handler returns (answer), to give back once written;
+// else it gives tk back now.
+func holdTicket(ctx *fasthttp.RequestCtx, tk gate.Ticket) {
+	if ctx.Response.IsBodyStream() {
+		if ab, ok := ctx.Response.BodyStream().(*answerBody); ok {
+			ab.tk = tk
+			return
+		}
+	}
+	tk.Done()
+}
+
+// letGo gives the answer's ticket back, once.
+func (ab *answerBody) letGo() {
+	ab.tk.Done()
+	ab.tk = gate.Ticket{}
 }
 
 var answerBodies = sync.Pool{New: func() any { return new(answerBody) }}
@@ -184,6 +213,7 @@ var errAnswerCut = errors.New("httpapi: the answer's writer panicked (logged as 
 func (ab *answerBody) write(w io.Writer) (int64, error) {
 	bw, ok := w.(*bufio.Writer) // fasthttp's, over the connection
 	if ab.t.fl == nil || len(ab.b) < bigAnswer || !ok {
+		ab.letGo()
 		n, err := w.Write(ab.b)
 		ab.b = ab.b[n:]
 		return int64(n), err
@@ -203,6 +233,9 @@ func (ab *answerBody) write(w io.Writer) (int64, error) {
 		}
 		n, err := ab.t.move(!raw, func(max int) (n int, err error) {
 			piece := ab.b[:min(len(ab.b), max)]
+			if len(piece) == len(ab.b) {
+				ab.letGo()
+			}
 			if raw {
 				return ioshare.WriteSome(ab.conn, piece)
 			}
@@ -221,8 +254,10 @@ func (ab *answerBody) write(w io.Writer) (int64, error) {
 	return total, nil
 }
 
-// Close releases the slot, if any: the response is out (or will never be).
+// Close releases the slot, if any, and the ticket: the response is out
+// (or will never be).
 func (ab *answerBody) Close() error {
+	ab.letGo()
 	if ab.land != nil {
 		defer ab.s.conns.answers.Add(-1) // after the release: the slot is given back (ab.s read now)
 	}

@@ -415,8 +415,9 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		// Read when the handler returns: a followed log stream takes the
-		// place on (Ticket.Pass) and gives it back when it ends.
-		defer func() { tk.Done() }()
+		// place on (Ticket.Pass) and gives it back when it ends; an answer
+		// written after the return holds it until written (holdTicket).
+		defer func() { holdTicket(ctx, tk) }()
 	}
 	path := ctx.Path()
 	switch {
