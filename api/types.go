@@ -39,8 +39,10 @@ type FunctionInfo struct {
 	Memory   int64         `json:"device_memory_bytes"`
 	// MeanUs is the mean time of the successful requests (0: none).
 	MeanUs int64 `json:"mean_latency_us"`
-	// Requests is the function's invokes on this node, but for those its
-	// full queue refused before their bodies were read: the successful,
+	// Requests is the function's invokes on this node that ended (one
+	// still running is not counted yet, as in plover_requests_total), but
+	// for those its full queue refused before their bodies were read: the
+	// successful,
 	// ClientErrors (answered 4xx: the request's fault, such as 422
 	// invalid_input, 413 or 415; a full queue's 429; a client that left)
 	// and Errors (5xx: the function's or the server's failure).

@@ -17,9 +17,7 @@ func (c *Control) info(f *function, rv api.Version, versions int) api.FunctionIn
 	fi.Requests, fi.ClientErrors, fi.Errors = f.stats.requests.Load(), f.stats.clientErrors.Load(), f.stats.errors.Load()
 	fi.Cold, fi.Warm, fi.Hot = f.stats.cold.Load(), f.stats.warm.Load(), f.stats.hot.Load()
 	v := e.tab.currentOf(f)
-	if ok := fi.Requests - fi.ClientErrors - fi.Errors; ok > 0 {
-		fi.MeanUs = f.stats.latencyNs.Load() / ok / 1000
-	}
+	fi.MeanUs = f.stats.meanUs()
 	fi.Share, fi.Priority = rv.Share, rv.Priority
 	if fi.Share <= 0 {
 		fi.Share = 1

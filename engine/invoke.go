@@ -148,12 +148,8 @@ func (v *version) unready(now time.Time) error {
 // version loaded if cold, its input checked), and its batcher or its run
 // pool runs it.
 func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.Request, t0, deadline time.Time) (err error) {
-	f.stats.requests.Add(1)
-	defer func() {
-		if err != nil {
-			f.stats.failed(err)
-		}
-	}()
+	// Counted when it ends (stats): Total is its time once it succeeded.
+	defer func() { f.stats.ended(err, req.Timing.Total) }()
 	if err := v.pool.backingOff(t0); err != nil {
 		return err
 	}
@@ -215,9 +211,5 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 	if ran {
 		f.stats.count(req.Start)
 	}
-	if err != nil {
-		return err
-	}
-	f.stats.latencyNs.Add(int64(req.Timing.Total))
-	return nil
+	return err
 }

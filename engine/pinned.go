@@ -115,13 +115,10 @@ func (v *version) full() bool {
 // function's requests, client errors or errors, starts and mean latency.
 func (p Pin) Account(start call.Start, total time.Duration, err error) {
 	st := &p.f.stats
-	st.requests.Add(1)
-	if err != nil {
-		st.failed(err)
-		return
+	if err == nil {
+		st.count(start)
 	}
-	st.count(start)
-	st.latencyNs.Add(int64(total))
+	st.ended(err, total)
 }
 
 // Retried takes back from the function's counts a refusal Invoke just
