@@ -162,7 +162,7 @@ func (d *Door) End(o *Outcome) (st apierr.Status, msg string) {
 		var known bool
 		st, kind, msg, known = d.classify(o.Err, o.Authorization)
 		d.logFailure(o.Err, o.Transport, o.Route, o.Function.Borrow(), st, known)
-		if d.Runner != nil && refusedByTransport(o.Err) {
+		if d.Runner != nil && refusedByTransport(o.Err, o.Req) {
 			d.Runner.Refused(o.Function.Borrow(), st.HTTP)
 		}
 	}
@@ -180,21 +180,24 @@ func (d *Door) End(o *Outcome) (st apierr.Status, msg string) {
 	return st, msg
 }
 
-// refusedByTransport reports whether err ended a request before Invoke,
-// so that the engine did not count it: one marked by Refusal (Admit's,
-// a body the transport could not read in time or room), or a transport's
+// refusedByTransport reports whether err ended req before Invoke, so
+// that the engine did not count it: one marked by Refusal (Admit's, a
+// body the transport could not read in time or room), or a transport's
 // own 4xx (an apierr.Error: a body it could not parse, over the
-// function's limit, of a type it does not take), which transports make
-// before they call Invoke; a transport's 5xx (an output it cannot encode)
-// comes after a run the engine counted. On the error path only: the
+// function's limit, of a type it does not take) made before Invoke
+// resolved a version (req.Version, which only the engine and a pipeline's
+// run set, and which they counted). A transport's error after the run (a
+// 5xx output it cannot encode, /v2's 400 for JSON data over 16 MiB) is
+// no refusal: counted here too, the request showed twice in plover ls,
+// once a success and once a client error. On the error path only: the
 // errors.As targets escape.
-func refusedByTransport(err error) bool {
+func refusedByTransport(err error, req *call.Request) bool {
 	var r *refusal
 	if errors.As(err, &r) {
 		return true
 	}
 	var e *apierr.Error
-	return errors.As(err, &e) && e.Status.HTTP < 500
+	return errors.As(err, &e) && e.Status.HTTP < 500 && (req == nil || req.Version == "")
 }
 
 // Refusal marks err (nil: nil) as the end of a request before it reached

@@ -44,18 +44,21 @@ func TestEnd(t *testing.T) {
 		label     string
 		transport string
 		refused   bool
+		version   string // the version Invoke resolved ("": the request never reached it)
 	}{
-		{"ok", nil, 200, "", "", "echo", "http", false},
-		{"unknown function", &errdefs.Error{Kind: errdefs.KindNotFound, Msg: "function nope not found"}, 404, "function nope not found", "", "_unknown", "grpc", false},
-		{"kernel failure", &errdefs.Error{Kind: errdefs.KindKernel, Msg: "vecadd: bad input"}, 500, "vecadd: bad input", "level=WARN msg=\"request failed\" transport=http", "echo", "http", false},
-		{"refused by the function", &errdefs.Error{Kind: errdefs.KindRejected, Msg: "echo refused its input"}, 422, "echo refused its input", "", "echo", "grpc", false},
-		{"transport refusal", &apierr.Error{Status: apierr.UnsupportedMedia, Msg: "Content-Type text/plain"}, 415, "Content-Type text/plain", "", "echo", "http", true},
-		{"bad tensors", &apierr.Error{Status: apierr.BadRequest, Msg: "input \"x\" is missing"}, 400, "input \"x\" is missing", "", "echo", "grpc", true},
-		{"output it cannot encode", &apierr.Error{Status: apierr.BadOutput, Msg: "NaN"}, 500, "NaN", "level=WARN msg=\"request failed\" transport=http", "echo", "http", false},
-		{"foreign error", errors.New("disk on fire"), 500, "internal error", "level=ERROR msg=\"request failed\" transport=grpc", "echo", "grpc", false},
-		{"full queue before the body", Refusal(&errdefs.Error{Kind: errdefs.KindBusy, Msg: "echo is busy"}), 429, "echo is busy", "", "echo", "http", true},
-		{"no room for the body", Refusal(&apierr.Error{Status: apierr.Unavailable, Msg: "--max-body-memory"}), 503, "--max-body-memory", "level=WARN msg=\"request failed\" transport=http", "echo", "http", true},
-		{"body past its deadline", Refusal(&errdefs.Error{Kind: errdefs.KindTimeout, Msg: "still arriving"}), 504, "still arriving", "level=WARN msg=\"request failed\" transport=http", "echo", "http", true},
+		{"ok", nil, 200, "", "", "echo", "http", false, ""},
+		{"unknown function", &errdefs.Error{Kind: errdefs.KindNotFound, Msg: "function nope not found"}, 404, "function nope not found", "", "_unknown", "grpc", false, ""},
+		{"kernel failure", &errdefs.Error{Kind: errdefs.KindKernel, Msg: "vecadd: bad input"}, 500, "vecadd: bad input", "level=WARN msg=\"request failed\" transport=http", "echo", "http", false, ""},
+		{"refused by the function", &errdefs.Error{Kind: errdefs.KindRejected, Msg: "echo refused its input"}, 422, "echo refused its input", "", "echo", "grpc", false, ""},
+		{"transport refusal", &apierr.Error{Status: apierr.UnsupportedMedia, Msg: "Content-Type text/plain"}, 415, "Content-Type text/plain", "", "echo", "http", true, ""},
+		{"bad tensors", &apierr.Error{Status: apierr.BadRequest, Msg: "input \"x\" is missing"}, 400, "input \"x\" is missing", "", "echo", "grpc", true, ""},
+		{"output it cannot encode", &apierr.Error{Status: apierr.BadOutput, Msg: "NaN"}, 500, "NaN", "level=WARN msg=\"request failed\" transport=http", "echo", "http", false, ""},
+		{"foreign error", errors.New("disk on fire"), 500, "internal error", "level=ERROR msg=\"request failed\" transport=grpc", "echo", "grpc", false, ""},
+		{"full queue before the body", Refusal(&errdefs.Error{Kind: errdefs.KindBusy, Msg: "echo is busy"}), 429, "echo is busy", "", "echo", "http", true, ""},
+		{"no room for the body", Refusal(&apierr.Error{Status: apierr.Unavailable, Msg: "--max-body-memory"}), 503, "--max-body-memory", "level=WARN msg=\"request failed\" transport=http", "echo", "http", true, ""},
+		{"body past its deadline", Refusal(&errdefs.Error{Kind: errdefs.KindTimeout, Msg: "still arriving"}), 504, "still arriving", "level=WARN msg=\"request failed\" transport=http", "echo", "http", true, ""},
+		// The engine ran it and counted it; /v2 then could not answer in JSON.
+		{"answer over JSON's bound after the run", &apierr.Error{Status: apierr.BadRequest, Msg: "ask for them in binary"}, 400, "ask for them in binary", "", "echo", "http", false, "v1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs bytes.Buffer
@@ -68,7 +71,7 @@ func TestEnd(t *testing.T) {
 			if tc.label == "_unknown" {
 				fn = "nope"
 			}
-			st, msg := d.End(&Outcome{Transport: tc.transport, Route: "r", Function: call.NameOf(fn), Req: &call.Request{}, Err: tc.err})
+			st, msg := d.End(&Outcome{Transport: tc.transport, Route: "r", Function: call.NameOf(fn), Req: &call.Request{Version: tc.version}, Err: tc.err})
 			if st.HTTP != tc.status || msg != tc.msg {
 				t.Fatalf("%d %q, want %d %q", st.HTTP, msg, tc.status, tc.msg)
 			}

@@ -146,7 +146,10 @@ func (m *Metrics) count(fm *fnMetrics, code int) {
 // request refused before the engine saw it (400, 415), one answered 503
 // (the store unreachable: the name may be anything), and one that timed
 // out or whose client left before a version was resolved (r.Version empty:
-// the record was still being read, so the name is the client's guess). A
+// the record was still being read, so the name is the client's guess);
+// not one answered after a version was resolved (r.Version set: /v2's 400
+// for JSON data over 16 MiB comes after the function ran), whose name is
+// a function's. A
 // name takes one of the limited labels only once a function of that name
 // has answered; one whose function was deleted (Forget) counts under
 // Unknown until a function of the name is on the node again. The gate's
@@ -154,10 +157,11 @@ func (m *Metrics) count(fm *fnMetrics, code int) {
 // gate counts them (plover_auth_failures_total, plover_token_limited_total).
 func (m *Metrics) Record(name call.Name, code int, kind errdefs.Kind, r *call.Request) {
 	t := &r.Timing
-	unresolved := (kind == errdefs.KindTimeout || kind == errdefs.KindGone) && r.Version == ""
+	guess := r.Version == "" && (kind == errdefs.KindBadRequest || kind == errdefs.KindUnavailable ||
+		kind == errdefs.KindTimeout || kind == errdefs.KindGone)
 	if code == 404 && kind == errdefs.KindNotFound && r.Version == "" {
 		name = call.NameOf(Unknown)
-	} else if (kind == errdefs.KindBadRequest || kind == errdefs.KindUnavailable || unresolved) && !m.known(name.Borrow()) {
+	} else if guess && !m.known(name.Borrow()) {
 		name = call.NameOf(Unknown)
 	}
 	fm := m.fns.Take(name)

@@ -32,7 +32,9 @@ func TestLabels(t *testing.T) {
 		{"made-up", 503, errdefs.KindUnavailable, "_unknown", ""}, // a store outage: any name is a 503
 		{"guessed", 504, errdefs.KindTimeout, "_unknown", ""},     // timed out while its record was read
 		{"left", 499, errdefs.KindGone, "_unknown", ""},
-		{"slow", 504, errdefs.KindTimeout, "slow", "v1"}, // a function's own: it queued past its deadline
+		{"slow", 504, errdefs.KindTimeout, "slow", "v1"},             // a function's own: it queued past its deadline
+		{"big", 400, errdefs.KindBadRequest, "big", "v1"},            // after its run: /v2's JSON answer over 16 MiB
+		{"answered", 503, errdefs.KindUnavailable, "answered", "v1"}, // its version resolved: the name is a function's
 	} {
 		reg := prometheus.NewRegistry()
 		m := New(reg)
