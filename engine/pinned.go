@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/pipedef"
 )
@@ -112,13 +111,12 @@ func (v *version) full() bool {
 
 // Account counts a request the pinned version served other than through
 // Invoke (a pipeline's, whose steps ran as requests of their own), in the
-// function's requests, client errors or errors, starts and mean latency.
-func (p Pin) Account(start call.Start, total time.Duration, err error) {
-	st := &p.f.stats
-	if err == nil {
-		st.count(start)
-	}
-	st.ended(err, total)
+// function's requests, client errors or errors and mean latency. Not in
+// its starts: the steps' functions counted theirs, and they are the
+// programs that loaded; counted under the pipeline's name too, one load
+// showed as two cold starts in plover_starts_total summed by kind.
+func (p Pin) Account(total time.Duration, err error) {
+	p.f.stats.ended(err, total)
 }
 
 // Retried takes back from the function's counts a refusal Invoke just

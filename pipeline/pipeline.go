@@ -268,7 +268,7 @@ func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error 
 	}
 	t.Total = time.Since(t0)
 	req.Timing = t
-	p.top.Account(req.Start, t.Total, err)
+	p.top.Account(t.Total, err)
 	return err
 }
 
