@@ -166,7 +166,14 @@ test_timeout() { echo "$(($(left) < $1 ? $(left) - 3 : $1 - 3))s"; }
 sec_artifacts() {
   local f
   if [ -f build/gpu-bin.tgz ]; then
-    tar xzf build/gpu-bin.tgz && say "ok  unpacked build/gpu-bin.tgz"
+    # A warm machine keeps the previous run's bin/: an archive that does
+    # not unpack would leave those binaries, or some of them, in use.
+    if tar xzf build/gpu-bin.tgz; then
+      say "ok  unpacked build/gpu-bin.tgz"
+    else
+      fail "build/gpu-bin.tgz did not unpack (tar exited $?): bin/ may hold a previous run's binaries; run make gpu-artifacts and carry it again"
+      exit 1
+    fi
   fi
   for f in bin/plover bin/plover-worker bin/device.test bin/plover-bench-suite build/cudatest/testkernels.so \
     build/samples/vecadd-cuda/plover.json build/samples/vecadd-host/plover.json build/samples/vecadd-input.bin \

@@ -113,6 +113,21 @@ func TestGPUCheckCutsAHungStep(t *testing.T) {
 	}
 }
 
+// An archive of binaries that does not unpack is a failure that stops the
+// check: on a warm machine bin/ still holds the previous run's binaries
+// (the stand-ins here), which would otherwise be checked in its place.
+func TestGPUCheckStopsOnABadArchive(t *testing.T) {
+	root, path := checkTree(t, "exit 1")
+	writeUnder(t, root, "build/gpu-bin.tgz", []byte("not a gzip archive"), 0o644)
+	report, _ := runCheck(t, root, path, "BUDGET=60", "RESERVE=5", "ONLY=tests")
+	if !strings.Contains(report, "FAIL: build/gpu-bin.tgz did not unpack") {
+		t.Errorf("the report does not count the archive as a failure:\n%s", report)
+	}
+	if strings.Contains(report, "== CUDA device tests") || strings.Contains(report, "ok  bin/plover") {
+		t.Errorf("the check went on with the binaries already in bin/:\n%s", report)
+	}
+}
+
 // A step that no section bounds (a deploy that hangs) meets the budget's
 // own timeout: the report says where it stopped and the logs are packed.
 func TestGPUCheckStopsAtItsBudget(t *testing.T) {
