@@ -18,8 +18,13 @@ ifeq ($(origin CGO_CFLAGS),undefined)
 CGO_CFLAGS := $(shell $(GO) env CGO_CFLAGS) -Wno-deprecated-declarations
 endif
 export CGO_CFLAGS
+# What the Go binaries are built from: Go files, and what they embed
+# (//go:embed in abi/abi.go, console/console.go, cli/author.go), so that a
+# console or scaffold edit rebuilds bin/plover before make demo or bench.
+# A new //go:embed adds its files here (TestMakefileRebuildsOnEmbeddedFiles).
 GO_SRC    := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum \
-             $(wildcard device/*.c device/*.h abi/*.h)
+             $(wildcard device/*.c device/*.h abi/*.h) \
+             $(shell find console/static cli/scaffold -type f 2>/dev/null)
 
 .PHONY: all build samples cuda demo test vet gofmt-check fuzz fuzz-short race-short bench bench-isolation bench-batch bench-fair bench-burst bench-tenants bench-pipeline bench-transports bench-tracing bench-datapath cli-docs clean install-nvcc install-helm install-nginx install-grpcurl install-chromium proto vecadd-host vecadd-cuda gpu-artifacts gpu-check
 

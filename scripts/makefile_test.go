@@ -1,6 +1,10 @@
 package scripts
 
 import (
+	"bufio"
+	"bytes"
+	"io/fs"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -50,4 +54,100 @@ func TestMakeGofmtCheckFailsOnAParseError(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Every file a //go:embed in the repository's Go code names is a
+// prerequisite of bin/plover, so that make demo and make bench rebuild it
+// after a console or scaffold edit instead of running a stale binary.
+func TestMakefileRebuildsOnEmbeddedFiles(t *testing.T) {
+	db, _ := runMake(t, "-pq", "bin/plover") // -q: exits 1 when out of date; the database is printed either way
+	var prereqs map[string]bool
+	sc := bufio.NewScanner(strings.NewReader(db))
+	sc.Buffer(nil, 16<<20)
+	for sc.Scan() {
+		// Not "bin/plover: .SHELLSTATUS := 0", a target-specific variable.
+		if rest, ok := strings.CutPrefix(sc.Text(), "bin/plover:"); ok && !strings.Contains(rest, "=") {
+			prereqs = map[string]bool{}
+			for _, f := range strings.Fields(rest) {
+				prereqs[strings.TrimPrefix(f, "./")] = true
+			}
+			break
+		}
+	}
+	if prereqs == nil {
+		t.Fatalf("no bin/plover rule in make -p's database:\n%.2000s", db)
+	}
+	embedded := embeddedFiles(t, "..")
+	if len(embedded) == 0 {
+		t.Fatal("no //go:embed found: the scan is broken")
+	}
+	for _, f := range embedded {
+		if !prereqs[f] {
+			t.Errorf("%s is embedded (//go:embed) but not a prerequisite of bin/plover (Makefile GO_SRC)", f)
+		}
+	}
+}
+
+// embeddedFiles lists, relative to root, the files the //go:embed lines of
+// root's non-test Go files name (a directory: the files under it but those
+// named .* or _*, as go:embed takes them).
+func embeddedFiles(t *testing.T, root string) []string {
+	t.Helper()
+	var files []string
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if n := d.Name(); p != root && (n == "build" || n == "testdata" || strings.HasPrefix(n, ".")) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		for line := range bytes.Lines(src) {
+			pats, ok := strings.CutPrefix(strings.TrimSpace(string(line)), "//go:embed ")
+			if !ok {
+				continue
+			}
+			for _, pat := range strings.Fields(pats) {
+				matches, _ := filepath.Glob(filepath.Join(filepath.Dir(p), pat))
+				if len(matches) == 0 {
+					t.Errorf("%s: //go:embed %s matches nothing", p, pat)
+				}
+				for _, m := range matches {
+					err := filepath.WalkDir(m, func(q string, e fs.DirEntry, err error) error {
+						if err != nil {
+							return err
+						}
+						if n := e.Name(); q != m && (strings.HasPrefix(n, ".") || strings.HasPrefix(n, "_")) {
+							if e.IsDir() {
+								return filepath.SkipDir
+							}
+							return nil
+						}
+						if !e.IsDir() {
+							rel, _ := filepath.Rel(root, q)
+							files = append(files, filepath.ToSlash(rel))
+						}
+						return nil
+					})
+					if err != nil {
+						return err
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
 }
