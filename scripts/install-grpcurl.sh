@@ -21,21 +21,15 @@ fi
 
 command -v go >/dev/null || { echo "install-grpcurl: Go is required" >&2; exit 1; }
 mkdir -p "$dir"
+. "$(dirname "$0")/lib/go-install.sh"
 tmp="$(mktemp -d "$dir/.build.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 echo "install-grpcurl: building grpcurl $GRPCURL_VERSION with go install (minutes, once)" >&2
 # The version goes in as grpcurl's own Makefile sets it, so that the check
-# above finds it. A download from the module proxy once stalled for 16
-# minutes at no CPU (2026-12-02) and went through at once when started
-# again: each try is bounded, and a stalled one is tried again.
-for try in 1 2 3; do
-  if GOFLAGS= CGO_ENABLED=0 GOBIN="$tmp" timeout 900 go install -trimpath \
-    -ldflags "-s -w -X main.version=$GRPCURL_VERSION" "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION"; then
-    break
-  fi
-  [ "$try" = 3 ] && { echo "install-grpcurl: go install failed 3 times" >&2; exit 1; }
-  echo "install-grpcurl: go install failed or stalled (try $try); trying again" >&2
-done
+# above finds it. Each try is bounded, 3 tries (scripts/lib/go-install.sh:
+# the module proxy once stalled for 16 minutes).
+go_install_retry install-grpcurl "$tmp" -trimpath \
+  -ldflags "-s -w -X main.version=$GRPCURL_VERSION" "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION"
 mv -f "$tmp/grpcurl" "$bin"
 "$bin" -version >&2
 echo "$bin"

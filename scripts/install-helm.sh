@@ -28,6 +28,7 @@ fi
 
 command -v go >/dev/null || { echo "install-helm: Go is required" >&2; exit 1; }
 mkdir -p "$dir"
+. "$(dirname "$0")/lib/go-install.sh"
 tmp="$(mktemp -d "$dir/.build.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 
@@ -37,10 +38,10 @@ ldflags+=" -X $pkg/pkg/chartutil.k8sVersionMajor=$K8S_MAJOR -X $pkg/pkg/chartuti
 ldflags+=" -X $pkg/pkg/lint/rules.k8sVersionMajor=$K8S_MAJOR -X $pkg/pkg/lint/rules.k8sVersionMinor=$K8S_MINOR"
 
 echo "install-helm: building helm $HELM_VERSION with go install (minutes, once)" >&2
-# GOFLAGS=-mod=mod would be ignored by go install pkg@version; unset it so a
-# caller's -mod=vendor cannot break the build. Build into a temporary GOBIN and
-# rename, so an interrupted build never leaves a half-written helm behind.
-GOFLAGS= CGO_ENABLED=0 GOBIN="$tmp" go install -trimpath -ldflags "$ldflags" "$pkg/cmd/helm@$HELM_VERSION"
+# Build into a temporary GOBIN and rename, so an interrupted build never
+# leaves a half-written helm behind; each try bounded, 3 tries
+# (scripts/lib/go-install.sh).
+go_install_retry install-helm "$tmp" -trimpath -ldflags "$ldflags" "$pkg/cmd/helm@$HELM_VERSION"
 mv -f "$tmp/helm" "$bin"
 "$bin" version --short >&2
 echo "$bin"
