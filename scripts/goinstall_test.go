@@ -63,3 +63,27 @@ func TestGoInstallRetriesAStall(t *testing.T) {
 		t.Errorf("after 3 failures: err %v, %d calls, output:\n%s", err, strings.Count(string(calls), "x\n"), out)
 	}
 }
+
+// cache_lock waits for another install of the same tool, then removes the
+// scratch directories a killed build left (SIGKILL skips the EXIT trap that
+// removes them): under the lock none is another build's.
+func TestCacheLockClearsAKilledBuildsScratch(t *testing.T) {
+	dir := t.TempDir()
+	stale := filepath.Join(dir, ".build.KILLED")
+	writeUnder(t, stale, "tool", []byte("half"), 0o755)
+	// Another install holds the lock for a while.
+	holder := exec.Command("flock", filepath.Join(dir, ".lock"), "sleep", "2")
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Wait()
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	out, err := goInstallLib(t, "exit 1", `[ -d "`+stale+`" ] || { echo "removed before the lock"; exit 1; }; cache_lock install-tool "`+dir+`"; [ ! -e "`+stale+`" ] || { echo "still there"; exit 1; }`)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if took := time.Since(start); took < time.Second {
+		t.Errorf("cache_lock took %v: it did not wait for the lock's holder", took)
+	}
+}

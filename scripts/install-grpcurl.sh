@@ -22,6 +22,11 @@ fi
 command -v go >/dev/null || { echo "install-grpcurl: Go is required" >&2; exit 1; }
 mkdir -p "$dir"
 . "$(dirname "$0")/lib/go-install.sh"
+cache_lock install-grpcurl "$dir"
+if [ -x "$bin" ] && "$bin" -version 2>&1 | grep -q "$GRPCURL_VERSION"; then
+  echo "$bin"
+  exit 0
+fi
 tmp="$(mktemp -d "$dir/.build.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 echo "install-grpcurl: building grpcurl $GRPCURL_VERSION with go install (minutes, once)" >&2

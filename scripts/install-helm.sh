@@ -29,6 +29,11 @@ fi
 command -v go >/dev/null || { echo "install-helm: Go is required" >&2; exit 1; }
 mkdir -p "$dir"
 . "$(dirname "$0")/lib/go-install.sh"
+cache_lock install-helm "$dir"
+if [ -x "$bin" ] && "$bin" version --short 2>/dev/null | grep -q "^$HELM_VERSION"; then
+  echo "$bin"
+  exit 0
+fi
 tmp="$(mktemp -d "$dir/.build.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 

@@ -1,6 +1,24 @@
 # scripts/lib/go-install.sh — sourced by the scripts that build a pinned tool
 # with `go install` into ~/.cache/plover (install-helm.sh, install-grpcurl.sh).
 
+# cache_lock NAME DIR: holds DIR/.lock (flock, on fd 9, until the calling
+# script exits), so that two installs of one tool run one after the other,
+# then removes the scratch directories (.build.*) left in DIR by a build that
+# was killed (SIGKILL skips the script's EXIT trap): under the lock none can
+# be another build's. Without flock it neither waits nor removes anything.
+# The caller checks again for the binary after this: another install may
+# have built it while this one waited.
+cache_lock() {
+  local name=$1 dir=$2
+  if ! command -v flock >/dev/null; then
+    echo "$name: no flock here: not locking $dir, not removing old scratch directories" >&2
+    return 0
+  fi
+  exec 9>"$dir/.lock"
+  flock 9
+  rm -rf "$dir"/.build.*
+}
+
 # go_install_retry NAME GOBIN ARGS...: `go install ARGS` into GOBIN, without
 # cgo and without the caller's GOFLAGS (go install pkg@version ignores
 # -mod=mod, and a -mod=vendor would break it). A download from the module
