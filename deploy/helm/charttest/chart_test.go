@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -173,6 +174,10 @@ type serviceMonitor struct {
 			Scheme        string `json:"scheme"`
 			Interval      string `json:"interval"`
 			ScrapeTimeout string `json:"scrapeTimeout"`
+			Relabelings   []struct {
+				TargetLabel string `json:"targetLabel"`
+				Replacement string `json:"replacement"`
+			} `json:"relabelings"`
 		} `json:"endpoints"`
 	} `json:"spec"`
 }
@@ -602,7 +607,8 @@ func TestDrainCoversTheRequestTimeout(t *testing.T) {
 	}
 }
 
-// checkService: the Service selects the pods and maps to their named ports.
+// checkService: the API's Service selects the pods and maps to their named
+// ports, never to the metrics port (checkMetricsService).
 func checkService(t *testing.T, o *objects, name string, podLabels map[string]string, port int32, portName string) *corev1.Service {
 	t.Helper()
 	s := o.services[name]
@@ -624,8 +630,39 @@ func checkService(t *testing.T, o *objects, name string, podLabels map[string]st
 	if p := ports[portName]; p.Port != port || p.TargetPort != intstr.FromString("http") {
 		t.Errorf("Service port %s = %+v, want %d -> http", portName, p, port)
 	}
-	if p := ports["metrics"]; p.Port != 9090 || p.TargetPort != intstr.FromString("metrics") {
-		t.Errorf("Service metrics port %+v, want 9090 -> metrics", p)
+	for _, p := range s.Spec.Ports {
+		if p.Name == "metrics" || p.TargetPort == intstr.FromString("metrics") || p.Port == 9090 {
+			t.Errorf("the API's Service %s has port %+v: the unauthenticated metrics port belongs on its own ClusterIP Service", name, p)
+		}
+	}
+	return s
+}
+
+// checkMetricsService: the metrics port's own Service, NAME-metrics, is
+// ClusterIP whatever service.type is, selects the pods and maps 9090 to
+// their metrics port, and nothing else.
+func checkMetricsService(t *testing.T, o *objects, name string, podLabels map[string]string) *corev1.Service {
+	t.Helper()
+	s := o.services[name+"-metrics"]
+	if s == nil {
+		t.Fatalf("no Service %s-metrics: %v", name, slices.Sorted(maps.Keys(o.services)))
+	}
+	if s.Spec.Type != corev1.ServiceTypeClusterIP {
+		t.Errorf("metrics Service type %s, want ClusterIP: its port has no authentication", s.Spec.Type)
+	}
+	if len(s.Spec.Selector) == 0 {
+		t.Errorf("metrics Service selects nothing")
+	}
+	for k, v := range s.Spec.Selector {
+		if podLabels[k] != v {
+			t.Errorf("metrics Service selector %v does not select pods labelled %v", s.Spec.Selector, podLabels)
+		}
+	}
+	if len(s.Spec.Ports) != 1 {
+		t.Fatalf("metrics Service ports %+v, want metrics only", s.Spec.Ports)
+	}
+	if p := s.Spec.Ports[0]; p.Name != "metrics" || p.Port != 9090 || p.TargetPort != intstr.FromString("metrics") || p.Protocol != corev1.ProtocolTCP {
+		t.Errorf("metrics Service port %+v, want metrics 9090 -> metrics, TCP", p)
 	}
 	return s
 }
@@ -690,7 +727,7 @@ func selects(s *metav1.LabelSelector, labels map[string]string) bool {
 
 func TestDefaults(t *testing.T) {
 	o := template(t, "plover", required())
-	o.wantKinds(t, "Deployment", "Service", "PodDisruptionBudget", "ServiceAccount")
+	o.wantKinds(t, "Deployment", "Service", "Service", "PodDisruptionBudget", "ServiceAccount")
 	d := o.deployments["plover"]
 	if d == nil {
 		t.Fatalf("no Deployment plover (release plover must not become plover-plover): %v", o.deployments)
@@ -719,6 +756,7 @@ func TestDefaults(t *testing.T) {
 		t.Errorf("terminationGracePeriodSeconds %d, want 5 + 35 + 5", got)
 	}
 	svc := checkService(t, o, "plover", d.Spec.Template.Labels, 80, "http")
+	checkMetricsService(t, o, "plover", d.Spec.Template.Labels)
 	checkGRPCService(t, svc, 0, "")
 	checkPDB(t, o, "plover", d.Spec.Template.Labels)
 	if sa := o.serviceAccounts["plover"]; sa == nil || d.Spec.Template.Spec.ServiceAccountName != "plover" {
@@ -765,7 +803,7 @@ func TestDaemonSet(t *testing.T) {
 		set("nodeSelector", map[string]any{"nvidia.com/gpu.present": "true"}).
 		set("tolerations", []any{map[string]any{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}})
 	o := template(t, "gpu", v)
-	o.wantKinds(t, "DaemonSet", "Service", "PodDisruptionBudget", "ServiceAccount")
+	o.wantKinds(t, "DaemonSet", "Service", "Service", "PodDisruptionBudget", "ServiceAccount")
 	ds := o.daemonSets["gpu-plover"]
 	if ds == nil {
 		t.Fatalf("no DaemonSet gpu-plover: %v", o.daemonSets)
@@ -809,7 +847,7 @@ func TestFull(t *testing.T) {
 		set("ingress.hashBySubsetSize", 2).
 		set("ingress.tls", []any{map[string]any{"secretName": "plover-ingress-tls", "hosts": []any{"plover.example.com"}}})
 	o := template(t, "plover", v)
-	o.wantKinds(t, "Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "Secret", "Secret",
+	o.wantKinds(t, "Deployment", "Service", "Service", "PodDisruptionBudget", "ServiceAccount", "Secret", "Secret",
 		"HorizontalPodAutoscaler", "Ingress", "ServiceMonitor")
 
 	d := o.deployments["plover"]
@@ -841,6 +879,7 @@ func TestFull(t *testing.T) {
 	}
 
 	svc := checkService(t, o, "plover", d.Spec.Template.Labels, 443, "https")
+	metricsSvc := checkMetricsService(t, o, "plover", d.Spec.Template.Labels)
 	checkGRPCService(t, svc, 0, "")
 	checkPDB(t, o, "plover", d.Spec.Template.Labels)
 
@@ -864,22 +903,16 @@ func TestFull(t *testing.T) {
 	}
 	exportedMetric(t, pm.Metric.Name)
 
-	// The ServiceMonitor scrapes the Service's metrics port.
+	// The ServiceMonitor scrapes the metrics Service's port, and keeps the
+	// series' service label the release's fullname (the External HPA's
+	// selector, KEDA's query in the README).
+	checkServiceMonitor(t, o, "plover", metricsSvc, svc)
 	sm := o.serviceMonitors["plover"]
-	if sm == nil {
-		t.Fatal("no ServiceMonitor plover")
-	}
 	if sm.Labels["release"] != "prometheus" {
 		t.Errorf("ServiceMonitor labels %v lack serviceMonitor.labels", sm.Labels)
 	}
-	if !selects(&sm.Spec.Selector, svc.Labels) {
-		t.Errorf("ServiceMonitor selector %v does not select the Service (labels %v)", sm.Spec.Selector, svc.Labels)
-	}
 	if !slices.Equal(sm.Spec.NamespaceSelector.MatchNames, []string{namespace}) {
 		t.Errorf("ServiceMonitor namespaces %v", sm.Spec.NamespaceSelector.MatchNames)
-	}
-	if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != "metrics" || sm.Spec.Endpoints[0].Path != "/metrics" {
-		t.Errorf("ServiceMonitor endpoints %+v, want port metrics, /metrics", sm.Spec.Endpoints)
 	}
 
 	// The ingress: hashed per function, HTTPS to the pods, bodies up to --max-body.
@@ -913,6 +946,64 @@ func TestFull(t *testing.T) {
 	if b == nil || b.Name != svc.Name || b.Port.Number != 443 {
 		t.Errorf("Ingress backend %+v, want Service %s port 443", b, svc.Name)
 	}
+}
+
+// checkServiceMonitor: ServiceMonitor NAME selects the metrics Service and
+// not the API's, scrapes its metrics port at /metrics, and relabels the
+// series' service label to NAME.
+func checkServiceMonitor(t *testing.T, o *objects, name string, metricsSvc, apiSvc *corev1.Service) {
+	t.Helper()
+	sm := o.serviceMonitors[name]
+	if sm == nil {
+		t.Fatalf("no ServiceMonitor %s", name)
+	}
+	if !selects(&sm.Spec.Selector, metricsSvc.Labels) {
+		t.Errorf("ServiceMonitor selector %v does not select the metrics Service (labels %v)", sm.Spec.Selector, metricsSvc.Labels)
+	}
+	if selects(&sm.Spec.Selector, apiSvc.Labels) {
+		t.Errorf("ServiceMonitor selector %v selects the API's Service too (labels %v)", sm.Spec.Selector, apiSvc.Labels)
+	}
+	if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != "metrics" || sm.Spec.Endpoints[0].Path != "/metrics" {
+		t.Fatalf("ServiceMonitor endpoints %+v, want port metrics, /metrics", sm.Spec.Endpoints)
+	}
+	r := sm.Spec.Endpoints[0].Relabelings
+	if len(r) != 1 || r[0].TargetLabel != "service" || r[0].Replacement != name {
+		t.Errorf("ServiceMonitor relabelings %+v, want service=%s", r, name)
+	}
+}
+
+// TestMetricsServiceStaysInTheCluster: the unauthenticated metrics port is on
+// a ClusterIP Service of its own, whatever type the API's Service has, so that
+// service.type=LoadBalancer publishes the API (whose /metrics needs a read
+// token) and not it; metrics.enabled=false makes no such Service.
+func TestMetricsServiceStaysInTheCluster(t *testing.T) {
+	for _, typ := range []corev1.ServiceType{corev1.ServiceTypeClusterIP, corev1.ServiceTypeLoadBalancer, corev1.ServiceTypeNodePort} {
+		t.Run(string(typ), func(t *testing.T) {
+			o := template(t, "edge", required().set("service.type", string(typ)).set("serviceMonitor.enabled", true))
+			d := o.deployments["edge-plover"]
+			if d == nil {
+				t.Fatalf("no Deployment edge-plover: %v", o.deployments)
+			}
+			api := o.services["edge-plover"]
+			if api == nil || api.Spec.Type != typ {
+				t.Fatalf("API Service %+v, want type %s", api, typ)
+			}
+			for _, p := range api.Spec.Ports {
+				if p.Name == "metrics" || p.TargetPort == intstr.FromString("metrics") || p.Port == 9090 {
+					t.Errorf("the %s API Service has port %+v: the metrics port would go out with it", typ, p)
+				}
+			}
+			m := checkMetricsService(t, o, "edge-plover", d.Spec.Template.Labels)
+			checkServiceMonitor(t, o, "edge-plover", m, api)
+		})
+	}
+	t.Run("metrics off", func(t *testing.T) {
+		o := template(t, "plover", required().set("metrics.enabled", false).set("service.type", "LoadBalancer"))
+		o.wantKinds(t, "Deployment", "Service", "PodDisruptionBudget", "ServiceAccount")
+		if _, ok := o.services["plover-metrics"]; ok {
+			t.Errorf("a metrics Service with metrics.enabled=false")
+		}
+	})
 }
 
 // TestExternalMetric: the autoscaler on an External metric, scoped to this release.

@@ -32,6 +32,11 @@ app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | qu
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
+{{/* The metrics port's own Service (ClusterIP whatever service.type is). */}}
+{{- define "plover.metricsServiceName" -}}
+{{- printf "%s-metrics" (include "plover.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}
+
 {{- define "plover.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "plover.fullname" .) .Values.serviceAccount.name }}
