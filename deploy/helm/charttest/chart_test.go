@@ -1419,3 +1419,75 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(m.Run())
 }
+
+// TestPodsPreferDistinctNodes: a Deployment's pods prefer distinct nodes by
+// default (two on one node share uid 10001's RLIMIT_NPROC, README), by a
+// preferred podAntiAffinity on the release's own pods; affinity's other keys
+// go beside it, and a podAntiAffinity of the user's (even {}) replaces it.
+func TestPodsPreferDistinctNodes(t *testing.T) {
+	nodeAffinity := map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{
+		"nodeSelectorTerms": []any{map[string]any{"matchExpressions": []any{map[string]any{
+			"key": "nvidia.com/gpu.present", "operator": "In", "values": []any{"true"}}}}}}}
+	users := map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": []any{map[string]any{
+		"labelSelector": map[string]any{"matchLabels": map[string]any{"team": "ml"}}, "topologyKey": "kubernetes.io/hostname"}}}
+	for _, tc := range []struct {
+		name        string
+		v           values
+		wantDefault bool // the chart's preferred anti-affinity
+		wantNode    bool // the nodeAffinity above passed through
+		wantUsers   bool // the required term above, as given
+	}{
+		{"defaults", required(), true, false, false},
+		{"beside a nodeAffinity", required().set("affinity.nodeAffinity", nodeAffinity), true, true, false},
+		{"podAntiAffinity {}: none", required().set("affinity.podAntiAffinity", map[string]any{}), false, false, false},
+		{"the user's podAntiAffinity", required().set("affinity.podAntiAffinity", users).set("affinity.nodeAffinity", nodeAffinity), false, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := template(t, "plover", tc.v).deployments["plover"]
+			ps := d.Spec.Template.Spec
+			a := ps.Affinity
+			if a == nil {
+				t.Fatal("no affinity")
+			}
+			if (a.NodeAffinity != nil) != tc.wantNode {
+				t.Errorf("nodeAffinity %+v, want present %v", a.NodeAffinity, tc.wantNode)
+			}
+			var pref []corev1.WeightedPodAffinityTerm
+			var req []corev1.PodAffinityTerm
+			if a.PodAntiAffinity != nil {
+				pref, req = a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution, a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+			}
+			users := len(req) == 1 && req[0].LabelSelector != nil && req[0].LabelSelector.MatchLabels["team"] == "ml"
+			if users != tc.wantUsers || (!tc.wantUsers && len(req) != 0) {
+				t.Errorf("required anti-affinity %+v, want the user's %v", req, tc.wantUsers)
+			}
+			if !tc.wantDefault {
+				if len(pref) != 0 {
+					t.Errorf("preferred anti-affinity %+v with the user's podAntiAffinity", pref)
+				}
+				return
+			}
+			if len(pref) != 1 {
+				t.Fatalf("preferred anti-affinity %+v, want one term", pref)
+			}
+			term := pref[0].PodAffinityTerm
+			if pref[0].Weight != 100 || term.TopologyKey != "kubernetes.io/hostname" {
+				t.Errorf("anti-affinity weight %d topologyKey %q, want 100 and kubernetes.io/hostname", pref[0].Weight, term.TopologyKey)
+			}
+			if term.LabelSelector == nil || !selects(term.LabelSelector, d.Spec.Template.Labels) {
+				t.Errorf("anti-affinity selector %v does not select the release's pods %v", term.LabelSelector, d.Spec.Template.Labels)
+			}
+			other := maps.Clone(d.Spec.Template.Labels)
+			other["app.kubernetes.io/instance"] = "another-release"
+			if selects(term.LabelSelector, other) {
+				t.Errorf("anti-affinity selector %v selects another release's pods", term.LabelSelector)
+			}
+		})
+	}
+	t.Run("DaemonSet: one per node already", func(t *testing.T) {
+		ds := template(t, "gpu", required().set("kind", "DaemonSet")).daemonSets["gpu-plover"]
+		if a := ds.Spec.Template.Spec.Affinity; a != nil {
+			t.Errorf("DaemonSet affinity %+v, want none by default", a)
+		}
+	})
+}
