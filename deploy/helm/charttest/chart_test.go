@@ -4,14 +4,15 @@
 // official Kubernetes types, and the properties the chart promises asserted on
 // those objects.
 //
-// It needs a helm binary: $HELM, else helm on PATH, else the one
-// scripts/install-helm.sh builds into its cache directory. Without one the
+// It needs a helm binary: $HELM, else the pinned one scripts/install-helm.sh
+// builds into its cache directory, else helm on PATH. Without one the
 // tests skip, unless PLOVER_REQUIRE_HELM=1 (CI), when they fail.
 package charttest
 
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -48,13 +49,12 @@ const (
 	collectorFile = "../../../engine/collector.go"
 )
 
-// helmBin finds helm: $HELM, PATH, or the cache of scripts/install-helm.sh.
+// helmBin finds helm: $HELM, else the version scripts/install-helm.sh pins
+// in its cache, else helm on PATH, else the newest other version in that
+// cache.
 func helmBin(t *testing.T) string {
 	t.Helper()
 	if h := os.Getenv("HELM"); h != "" {
-		return h
-	}
-	if h, err := exec.LookPath("helm"); err == nil {
 		return h
 	}
 	base := os.Getenv("PLOVER_HELM_CACHE")
@@ -63,14 +63,12 @@ func helmBin(t *testing.T) string {
 			base = filepath.Join(c, "plover")
 		}
 	}
-	if base != "" {
-		found, _ := filepath.Glob(filepath.Join(base, "helm-v3*", "helm"))
-		sort.Strings(found)
-		for i := len(found) - 1; i >= 0; i-- {
-			if fi, err := os.Stat(found[i]); err == nil && fi.Mode()&0o111 != 0 {
-				return found[i]
-			}
-		}
+	pinned, err := pinnedHelmVersion(installHelm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := findHelm(base, pinned, exec.LookPath); h != "" {
+		return h
 	}
 	msg := "helm not found ($HELM, PATH, or the cache of scripts/install-helm.sh): run `bash scripts/install-helm.sh` from the repository root (minutes, once)"
 	if os.Getenv("PLOVER_REQUIRE_HELM") == "1" {
@@ -78,6 +76,85 @@ func helmBin(t *testing.T) string {
 	}
 	t.Skip(msg)
 	return ""
+}
+
+// installHelm is the script that pins helm's version.
+const installHelm = "../../../scripts/install-helm.sh"
+
+// pinnedHelmVersion reads HELM_VERSION=... from the install script.
+func pinnedHelmVersion(script string) (string, error) {
+	b, err := os.ReadFile(script)
+	if err != nil {
+		return "", fmt.Errorf("the pinned helm version: %w", err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "HELM_VERSION="); ok {
+			return strings.Trim(v, `"'`), nil
+		}
+	}
+	return "", fmt.Errorf("no HELM_VERSION= in %s", script)
+}
+
+// findHelm chooses helm: the pinned version in the cache base, else what
+// lookPath finds, else the cache's newest version by number (v3.22 after
+// v3.9); "" if none.
+func findHelm(base, pinned string, lookPath func(string) (string, error)) string {
+	executable := func(p string) bool {
+		fi, err := os.Stat(p)
+		return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
+	}
+	if base != "" && pinned != "" {
+		if p := filepath.Join(base, "helm-"+pinned, "helm"); executable(p) {
+			return p
+		}
+	}
+	if h, err := lookPath("helm"); err == nil {
+		return h
+	}
+	if base == "" {
+		return ""
+	}
+	found, _ := filepath.Glob(filepath.Join(base, "helm-v3*", "helm"))
+	slices.SortFunc(found, func(a, b string) int {
+		return compareVersions(filepath.Base(filepath.Dir(a)), filepath.Base(filepath.Dir(b)))
+	})
+	for i := len(found) - 1; i >= 0; i-- {
+		if executable(found[i]) {
+			return found[i]
+		}
+	}
+	return ""
+}
+
+// compareVersions orders helm-vX.Y.Z names by their numbers, part by part
+// (a part's leading digits; a name without them sorts first).
+func compareVersions(a, b string) int {
+	pa := strings.Split(strings.TrimPrefix(a, "helm-v"), ".")
+	pb := strings.Split(strings.TrimPrefix(b, "helm-v"), ".")
+	num := func(s string) int {
+		i := 0
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+		n, err := strconv.Atoi(s[:i])
+		if err != nil {
+			return -1
+		}
+		return n
+	}
+	for i := range max(len(pa), len(pb)) {
+		x, y := -1, -1
+		if i < len(pa) {
+			x = num(pa[i])
+		}
+		if i < len(pb) {
+			y = num(pb[i])
+		}
+		if c := cmp.Compare(x, y); c != 0 {
+			return c
+		}
+	}
+	return strings.Compare(a, b)
 }
 
 // values is a Helm values tree; set(v, "a.b.c", x) fills it.
