@@ -480,7 +480,9 @@ func checkPod(t *testing.T, tpl corev1.PodTemplateSpec, w podWant) {
 	}
 	probe("startup", c.StartupProbe, "/healthz")
 	probe("liveness", c.LivenessProbe, "/healthz")
-	probe("readiness", c.ReadinessProbe, "/readyz")
+	// Readiness counts the devices' health, as /readyz does not (a pod
+	// with a failed GPU would stay in the endpoints answering 503).
+	probe("readiness", c.ReadinessProbe, "/v2/health/ready")
 
 	// The GPU.
 	q, has := c.Resources.Limits["nvidia.com/gpu"]
