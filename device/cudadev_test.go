@@ -1010,11 +1010,60 @@ func TestFakeCopyProbe(t *testing.T) {
 	if err := g.RegisterHost(buf); err != nil {
 		t.Fatal(err)
 	}
+	// Unregistered before the memory goes back to Go: the driver refuses
+	// to register a range again (712) while any of it is registered.
+	defer func() {
+		if err := g.UnregisterHost(buf); err != nil {
+			t.Errorf("unregister: %v", err)
+		}
+	}()
 	in, out, err := g.copyProbe(buf, 3)
 	if err != nil || in <= 0 || out <= 0 {
 		t.Fatalf("copyProbe: in %v, out %v, %v", in, out, err)
 	}
 	if !bytes.Equal(buf, want) {
 		t.Fatal("the bytes did not come back as they went")
+	}
+}
+
+// The fake refuses what the real driver refuses: host memory registered
+// again while part of it is (CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED),
+// and unregistering a pointer that is not a registered base
+// (CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED), so that the suite shows
+// Plover's own code does neither.
+func TestFakeHostRegistrationIsStrict(t *testing.T) {
+	g := fakeEnv(t).gpu(t)
+	buf := make([]byte, 64<<10)
+	if err := g.RegisterHost(buf[:32<<10]); err != nil {
+		t.Fatal(err)
+	}
+	code := func(err error) int {
+		var de *DriverError
+		if !errors.As(err, &de) {
+			return 0
+		}
+		return de.Code
+	}
+	for _, b := range [][]byte{buf[:32<<10], buf[16<<10:], buf[:4096]} {
+		if err := g.RegisterHost(b); code(err) != 712 {
+			t.Errorf("registering %d bytes that overlap a registered range: %v, want CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", len(b), err)
+		}
+	}
+	if err := g.RegisterHost(buf[32<<10:]); err != nil {
+		t.Errorf("registering the range beside it: %v", err)
+	} else if err := g.UnregisterHost(buf[32<<10:]); err != nil {
+		t.Errorf("unregistering it: %v", err)
+	}
+	if err := g.UnregisterHost(buf[4096:]); code(err) != 713 {
+		t.Errorf("unregistering inside a registered range: %v, want CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", err)
+	}
+	if err := g.UnregisterHost(buf); err != nil {
+		t.Errorf("unregistering the registered base: %v", err)
+	}
+	if err := g.UnregisterHost(buf); code(err) != 713 {
+		t.Errorf("unregistering it twice: %v, want CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", err)
+	}
+	if h := g.Health(); h != nil {
+		t.Errorf("health after refused registrations: %v", h)
 	}
 }

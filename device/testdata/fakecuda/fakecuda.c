@@ -17,6 +17,9 @@
  * FAKECUDA_REGISTER_ERROR=<code> makes cuMemHostRegister refuse.
  * FAKECUDA_UNREGISTER_ERROR=<code> makes the process's first
  * cuMemHostUnregister fail (the memory stays registered); later ones work.
+ * Registering host memory that overlaps a registered range fails with 712
+ * and unregistering what is not a registered base with 713, as on the real
+ * driver.
  * FAKECUDA_FAULT=<code> is the sticky error a faulting kernel (fakecu_fault)
  * leaves instead of the one it asks for: the other codes NVIDIA documents as
  * ending the process's use of CUDA (an MPS client terminated, say).
@@ -61,6 +64,8 @@ enum {
   INVALID_DEVICE = 101,
   INVALID_CONTEXT = 201,
   ILLEGAL_STATE = 401,
+  HOST_MEMORY_ALREADY_REGISTERED = 712,
+  HOST_MEMORY_NOT_REGISTERED = 713,
   CAPTURE_UNSUPPORTED = 900,
   CAPTURE_INVALIDATED = 901,
 };
@@ -182,6 +187,8 @@ static const struct {
     {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {401, "CUDA_ERROR_ILLEGAL_STATE", "the operation is not permitted"},
+    {712, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", "part or all of the requested memory range is already mapped"},
+    {713, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", "pointer does not correspond to a registered memory region"},
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
     {719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
     {226, "CUDA_ERROR_CONTAINED", "error contained by the GPU"},
@@ -308,11 +315,44 @@ EXPORT CUresult cuMemHostAlloc(void **p, size_t n, unsigned int flags) {
   return OK;
 }
 
+/* The registered host ranges, process-wide as the driver keeps them: a
+ * range that overlaps one already registered is refused with
+ * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, and unregistering a pointer
+ * that is not the base of one with CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+ * as the real driver does (it does not count registrations). */
+typedef struct {
+  uintptr_t base;
+  size_t n;
+} host_range_t;
+static host_range_t *host_ranges;
+static int nhost_ranges, cap_host_ranges;
+
 EXPORT CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags) {
   NEED_CTX();
   if (p == NULL || n == 0 || (flags & ~15u)) return INVALID_VALUE;
   const char *refuse = getenv("FAKECUDA_REGISTER_ERROR");
   if (refuse && atoi(refuse)) return atoi(refuse);
+  uintptr_t b = (uintptr_t)p;
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < nhost_ranges; i++) {
+    host_range_t *r = &host_ranges[i];
+    if (b < r->base + r->n && r->base < b + n) {
+      pthread_mutex_unlock(&mu);
+      return HOST_MEMORY_ALREADY_REGISTERED;
+    }
+  }
+  if (nhost_ranges == cap_host_ranges) {
+    int cap = cap_host_ranges ? 2 * cap_host_ranges : 16;
+    host_range_t *nr = realloc(host_ranges, (size_t)cap * sizeof *nr);
+    if (nr == NULL) {
+      pthread_mutex_unlock(&mu);
+      return OUT_OF_MEMORY;
+    }
+    host_ranges = nr;
+    cap_host_ranges = cap;
+  }
+  host_ranges[nhost_ranges++] = (host_range_t){b, n};
+  pthread_mutex_unlock(&mu);
   /* Page-locking makes the whole range resident, as the real driver does
    * ("page-locks the memory range"): touch every page. */
   for (size_t i = 0; i < n; i += 4096) (void)((volatile const char *)p)[i];
@@ -326,6 +366,15 @@ EXPORT CUresult cuMemHostUnregister(void *p) {
   static int unregisters;
   const char *fail = getenv("FAKECUDA_UNREGISTER_ERROR");
   if (fail && atoi(fail) && __atomic_fetch_add(&unregisters, 1, __ATOMIC_RELAXED) == 0) return atoi(fail);
+  pthread_mutex_lock(&mu);
+  int i = 0;
+  while (i < nhost_ranges && host_ranges[i].base != (uintptr_t)p) i++;
+  if (i == nhost_ranges) {
+    pthread_mutex_unlock(&mu);
+    return HOST_MEMORY_NOT_REGISTERED;
+  }
+  host_ranges[i] = host_ranges[--nhost_ranges];
+  pthread_mutex_unlock(&mu);
   COUNT(1, -1);
   return OK;
 }
