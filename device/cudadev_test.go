@@ -765,7 +765,8 @@ func TestFakeFault(t *testing.T) {
 // TestFakeProcessFatalCodesPoisonTheDevice: every code the driver API
 // documents as leaving the process unable to use CUDA ("any further CUDA
 // work will return the same error. To continue using CUDA, the process must
-// be terminated and relaunched") poisons the device as
+// be terminated and relaunched"), and every code of a lost MPS server
+// (805-809), met by a run poisons the device as
 // CUDA_ERROR_ILLEGAL_ADDRESS does: the run that met it wraps ErrUnhealthy
 // (a worker then ends and is replaced), and later runs fail fast instead of
 // each failing again as a kernel error.
@@ -774,7 +775,12 @@ func TestFakeProcessFatalCodesPoisonTheDevice(t *testing.T) {
 		code int
 		name string
 	}{{226, "CUDA_ERROR_CONTAINED"}, {721, "CUDA_ERROR_TENSOR_MEMORY_LEAK"},
-		{810, "CUDA_ERROR_MPS_CLIENT_TERMINATED"}, {911, "CUDA_ERROR_EXTERNAL_DEVICE"}} {
+		{810, "CUDA_ERROR_MPS_CLIENT_TERMINATED"}, {911, "CUDA_ERROR_EXTERNAL_DEVICE"},
+		// A lost MPS server: not sticky by the driver's list, but every
+		// later call fails the same way (fakecuda.c keeps it so).
+		{805, "CUDA_ERROR_MPS_CONNECTION_FAILED"}, {806, "CUDA_ERROR_MPS_RPC_FAILURE"},
+		{807, "CUDA_ERROR_MPS_SERVER_NOT_READY"}, {808, "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED"},
+		{809, "CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED"}} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Setenv("FAKECUDA_FAULT", strconv.Itoa(c.code)) // what pl_fault's kernel leaves
 			e := fakeEnv(t)
@@ -1065,5 +1071,36 @@ func TestFakeHostRegistrationIsStrict(t *testing.T) {
 	}
 	if h := g.Health(); h != nil {
 		t.Errorf("health after refused registrations: %v", h)
+	}
+}
+
+// A lost MPS server met by MemInfo alone does not poison the device, as a
+// sticky error does: a server that holds a context only to read memory
+// (under MPS without NVML) keeps its GPU healthy for its workers, which
+// reconnect once the MPS server is back. The fake's two opens share the
+// primary context, as on a real driver: one run's error is the other's.
+func TestFakeMemInfoDoesNotPoisonOnALostMPSServer(t *testing.T) {
+	for _, c := range []struct {
+		code   int
+		poison bool
+	}{{806, false}, {807, false}, {700, true}} {
+		t.Run(strconv.Itoa(c.code), func(t *testing.T) {
+			t.Setenv("FAKECUDA_FAULT", strconv.Itoa(c.code))
+			e := fakeEnv(t)
+			e.ordinal = 1 // device 0 stays healthy for the other tests
+			runner, reader := e.fresh(t, 0, nil), e.fresh(t, 1<<20, nil)
+			inst := newInst(t, runner, e, InstanceConfig{MaxInput: 8, Tmp: 8, Out: 8})
+			inst.Run(&Run{Output: make([]byte, 8), Chain: []Step{e.step(t, "pl_fault", 1, 1)}, TmpLen: 8})
+			if h := runner.Health(); !errors.Is(h, ErrUnhealthy) {
+				t.Fatalf("the run's device after %d: %v", c.code, h)
+			}
+			m := reader.MemInfo()
+			if m.Total != 1<<20 || m.Free != 1<<20 {
+				t.Errorf("MemInfo with the context lost: %+v, want the budget's figures", m)
+			}
+			if h := reader.Health(); errors.Is(h, ErrUnhealthy) != c.poison {
+				t.Errorf("MemInfo's device after %d: health %v, want poisoned %v", c.code, h, c.poison)
+			}
+		})
 	}
 }

@@ -28,6 +28,12 @@ func (e *DriverError) Error() string {
 // gives the GPU back.
 func (e *DriverError) Sticky() bool { return stickyCode(e.Code) }
 
+// EndsContext reports whether the process can use its context no more
+// after the error: a sticky one, or the loss of its MPS server
+// (mpsLostCode). A run or hook that meets one poisons the device, so that
+// a worker ends and its function's next request gets a fresh one.
+func (e *DriverError) EndsContext() bool { return stickyCode(e.Code) || mpsLostCode(e.Code) }
+
 func (e *DriverError) Unwrap() error {
 	if e.Code == 2 { // CUDA_ERROR_OUT_OF_MEMORY
 		return ErrOutOfMemory
@@ -63,7 +69,26 @@ func stickyCode(code int) bool {
 	return false
 }
 
-// DeviceFault is the error of a GPU whose context a sticky error poisoned.
+// mpsLostCode reports whether code says the process's MPS server is gone or
+// will not serve it: the server died or restarts (its connection and RPCs
+// fail), or is recovering from a fatal fault. Not sticky by the driver's
+// list, but the client's context lives in that server: once it is gone,
+// every later call fails the same way, and a worker that stayed would
+// answer each request 500 kernel_failed where a fresh one would reconnect.
+func mpsLostCode(code int) bool {
+	switch code {
+	case 805, // CUDA_ERROR_MPS_CONNECTION_FAILED
+		806, // CUDA_ERROR_MPS_RPC_FAILURE
+		807, // CUDA_ERROR_MPS_SERVER_NOT_READY
+		808, // CUDA_ERROR_MPS_MAX_CLIENTS_REACHED
+		809: // CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED
+		return true
+	}
+	return false
+}
+
+// DeviceFault is the error of a GPU whose context a sticky error poisoned
+// (or the loss of its MPS server: DriverError.EndsContext).
 // Health returns it, and so does every later call that would touch the GPU.
 type DeviceFault struct {
 	Device string

@@ -218,13 +218,13 @@ func (g *GPU) Health() error {
 func (g *GPU) poisoned() bool { return g.fault.Load() != nil }
 
 // check turns a CUresult into an error, marking the device unhealthy when
-// the error is sticky.
+// the error ends the context (sticky, or the MPS server lost).
 func (g *GPU) check(op string, code C.CUresult) error {
 	if code == 0 {
 		return nil
 	}
 	de := g.drv.err(op, code)
-	if de.Sticky() {
+	if de.EndsContext() {
 		return g.poison(de)
 	}
 	return de
@@ -233,7 +233,7 @@ func (g *GPU) check(op string, code C.CUresult) error {
 func (g *GPU) poison(de *DriverError) *DeviceFault {
 	f := &DeviceFault{Device: g.name, Err: de}
 	if g.fault.CompareAndSwap(nil, f) {
-		g.log.Error("GPU unhealthy: sticky CUDA error, restart the process to use it again",
+		g.log.Error("GPU unhealthy: a CUDA error that ends this process's context (sticky, or its MPS server lost), restart the process to use it again",
 			"device", g.name, "err", de.Error())
 		return f
 	}
@@ -271,7 +271,7 @@ func (g *GPU) MemInfo() MemInfo {
 	free := total - used
 	if !g.poisoned() && !g.closed.Load() {
 		var f, t C.size_t
-		if g.check("cuMemGetInfo_v2", C.plcu_mem_info(g.drv.c, g.ctx, &f, &t)) == nil {
+		if code := C.plcu_mem_info(g.drv.c, g.ctx, &f, &t); code == 0 {
 			hwFree := int64(f)
 			if g.limit <= 0 || int64(t) < g.limit {
 				total = int64(t)
@@ -279,6 +279,14 @@ func (g *GPU) MemInfo() MemInfo {
 			} else if hwFree < free {
 				free = hwFree
 			}
+		} else if de := g.drv.err("cuMemGetInfo_v2", code); de.Sticky() {
+			// Only a sticky error poisons here, not a lost MPS server
+			// (check's other case): a server whose functions run in
+			// worker processes may hold a context for this read alone
+			// (no NVML under MPS), and its workers, each with a
+			// connection of its own, go on once the MPS server is back.
+			// The budget's figures stand in meanwhile.
+			g.poison(de)
 		}
 	}
 	if free < 0 {

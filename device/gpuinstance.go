@@ -260,7 +260,7 @@ func (i *gpuInstance) runError(r *Run, kerr string) error {
 		if kerr != "" {
 			msg = unmarked(kerr) + "; " + msg
 		}
-		if de.Sticky() {
+		if de.EndsContext() {
 			fault := i.g.poison(de)
 			if res.reached == 0 {
 				// Met before this run launched anything of its own: the

@@ -163,6 +163,18 @@ func TestStickyCodes(t *testing.T) {
 			t.Errorf("%d is sticky", c)
 		}
 	}
+	// A lost MPS server is not sticky by the driver's list, but it ends
+	// the context all the same.
+	for _, c := range []int{805, 806, 807, 808, 809, 810, 700} {
+		if !(&DriverError{Code: c}).EndsContext() {
+			t.Errorf("%d does not end the context", c)
+		}
+	}
+	for _, c := range []int{0, 1, 2, 712, 713, 804, 811, 900} {
+		if (&DriverError{Code: c}).EndsContext() {
+			t.Errorf("%d ends the context", c)
+		}
+	}
 	if !errors.Is(&DriverError{Code: 2}, ErrOutOfMemory) {
 		t.Error("CUDA_ERROR_OUT_OF_MEMORY does not wrap ErrOutOfMemory")
 	}

@@ -339,33 +339,72 @@ func TestCUDAUnloadFaultEndsTenantWorker(t *testing.T) {
 // "to continue using CUDA, the process must be terminated and relaunched")
 // ends its worker as an illegal address does: the request fails naming it,
 // and the next one runs on a fresh worker instead of meeting the same error.
+// So does an MPS server lost under a worker (it died, restarts, or
+// recovers from a fault: 805-809), which the driver does not call sticky
+// but which every later call meets again: a worker that stayed answered
+// each request 500 kernel_failed.
 func TestCUDAMPSClientTerminatedEndsItsWorker(t *testing.T) {
-	d, dir := pinCUDA(t, 0, nil, "FAKECUDA_FAULT=810") // what pl_fault's kernel leaves
-	m := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64}, abi.Launch{Kernel: "pl_store", Grid: 1, Block: 64})
-	p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
-	if err != nil {
+	for _, c := range []struct {
+		code int
+		name string
+	}{{810, "CUDA_ERROR_MPS_CLIENT_TERMINATED"}, {805, "CUDA_ERROR_MPS_CONNECTION_FAILED"},
+		{806, "CUDA_ERROR_MPS_RPC_FAILURE"}, {807, "CUDA_ERROR_MPS_SERVER_NOT_READY"}} {
+		code, name := c.code, c.name
+		t.Run(name, func(t *testing.T) {
+			d, dir := pinCUDA(t, 0, nil, "FAKECUDA_FAULT="+strconv.Itoa(code)) // what pl_fault's kernel leaves
+			m := fakeManifest(abi.Launch{Kernel: "pl_load", Grid: 1, Block: 64}, abi.Launch{Kernel: "pl_store", Grid: 1, Block: 64})
+			p, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			fault, err := p.Entry("pl_fault")
+			if err != nil {
+				t.Fatal(err)
+			}
+			inst, err := p.NewInstance(device.InstanceConfig{MaxInput: 64, Tmp: 64, Out: 64})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer inst.Close()
+			err = inst.Run(&device.Run{Output: make([]byte, 64), TmpLen: 64, Chain: []device.Step{{Entry: fault, Grid: 1, Block: 1}}})
+			var ke *device.KernelError
+			var pe *ProcessExit
+			if !errors.As(err, &ke) || !strings.Contains(ke.Msg, name) || !errors.As(err, &pe) {
+				t.Errorf("%s: %v, want a KernelError naming it that ended the worker", name, err)
+			}
+			if p.(*program).Alive() {
+				err := inst.Run(&device.Run{Input: []byte("next"), Output: make([]byte, 64), TmpLen: 64,
+					Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}, {Entry: 1, Grid: 1, Block: 64}}})
+				t.Errorf("the worker is still alive; its next request: %v", err)
+			}
+			if err := d.Health(); err != nil {
+				t.Errorf("device health after one worker's %s: %v", name, err)
+			}
+		})
+	}
+}
+
+// A lost MPS server met inside a hook (plover_load's) ends the worker as
+// one met by a run does: the load fails naming it, as the loss of its
+// worker.
+func TestCUDAMPSLostInAHookEndsItsWorker(t *testing.T) {
+	d, dir := pinCUDA(t, 0, nil, "FAKECUDA_FAULT=806") // what plover_load's faulting kernel leaves
+	if err := os.WriteFile(filepath.Join(dir, "c15.bin"), make([]byte, 15), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
-	fault, err := p.Entry("pl_fault")
-	if err != nil {
-		t.Fatal(err)
-	}
-	inst, err := p.NewInstance(device.InstanceConfig{MaxInput: 64, Tmp: 64, Out: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer inst.Close()
-	err = inst.Run(&device.Run{Output: make([]byte, 64), TmpLen: 64, Chain: []device.Step{{Entry: fault, Grid: 1, Block: 1}}})
+	m := fakeManifest(abi.Launch{Kernel: "pl_inc", Grid: 1, Block: 64})
+	m.Constants = "c15.bin" // 15 bytes: the fake bundle's plover_load faults
+	_, err := d.Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
 	var ke *device.KernelError
-	var pe *ProcessExit
-	if !errors.As(err, &ke) || !strings.Contains(ke.Msg, "CUDA_ERROR_MPS_CLIENT_TERMINATED") || !errors.As(err, &pe) {
-		t.Errorf("a terminated MPS client: %v, want a KernelError naming CUDA_ERROR_MPS_CLIENT_TERMINATED that ended the worker", err)
+	if !errors.As(err, &ke) || !strings.Contains(ke.Msg, "CUDA_ERROR_MPS_RPC_FAILURE") {
+		t.Fatalf("CUDA_ERROR_MPS_RPC_FAILURE in plover_load: %v, want a KernelError naming it", err)
 	}
-	if p.(*program).Alive() {
-		err := inst.Run(&device.Run{Input: []byte("next"), Output: make([]byte, 64), TmpLen: 64,
-			Chain: []device.Step{{Entry: 0, Grid: 1, Block: 64}, {Entry: 1, Grid: 1, Block: 64}}})
-		t.Errorf("the worker is still alive; its next request: %v", err)
+	if l, ok := device.AsLoss(err); !ok || l.Collateral() || l.ByServer() {
+		t.Errorf("CUDA_ERROR_MPS_RPC_FAILURE in plover_load: %v, want the loss of its worker, its own", err)
+	}
+	if err := d.Health(); err != nil {
+		t.Errorf("device health after one worker's lost MPS server: %v", err)
 	}
 }
 

@@ -22,7 +22,9 @@
  * driver.
  * FAKECUDA_FAULT=<code> is the sticky error a faulting kernel (fakecu_fault)
  * leaves instead of the one it asks for: the other codes NVIDIA documents as
- * ending the process's use of CUDA (an MPS client terminated, say).
+ * ending the process's use of CUDA (an MPS client terminated, say), or
+ * one of a lost MPS server (805-809: every later call returns it too, as
+ * once the server is gone).
  * FAKECUDA_MAX_COPY=<n> makes an async copy between host and device of
  * more than n bytes fail with CUDA_ERROR_INVALID_VALUE: a test in another
  * process (a worker) sees that its copies went in pieces no larger.
@@ -193,6 +195,11 @@ static const struct {
     {719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
     {226, "CUDA_ERROR_CONTAINED", "error contained by the GPU"},
     {721, "CUDA_ERROR_TENSOR_MEMORY_LEAK", "tensor memory not completely deallocated"},
+    {805, "CUDA_ERROR_MPS_CONNECTION_FAILED", "MPS client failed to connect to the MPS control daemon or the MPS server"},
+    {806, "CUDA_ERROR_MPS_RPC_FAILURE", "the remote procedural call between the MPS server and the MPS client failed"},
+    {807, "CUDA_ERROR_MPS_SERVER_NOT_READY", "MPS server is not ready to accept new MPS client requests"},
+    {808, "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED", "the hardware resources required to create MPS client have been exhausted"},
+    {809, "CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED", "the hardware resources required to support device connections have been exhausted"},
     {810, "CUDA_ERROR_MPS_CLIENT_TERMINATED", "the MPS client has been terminated by the server"},
     {911, "CUDA_ERROR_EXTERNAL_DEVICE", "an async error occurred in a device outside of CUDA"},
     {900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
