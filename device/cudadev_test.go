@@ -247,6 +247,7 @@ var suite = []struct {
 	{"MemfdSlot", testMemfdSlot},
 	{"OutLen", testOutLen},
 	{"Hooks", testHooks},
+	{"HookDefaultStream", testHookDefaultStream},
 	{"CopyPieces", testCopyPieces},
 	{"StreamPriorities", testStreamPriorities},
 }
@@ -1000,6 +1001,35 @@ func testHooks(t *testing.T, e *bundleEnv) {
 		if got := atomic.LoadInt64(&calls[k]) - before[k]; got != 1 {
 			t.Errorf("%s ran %d times, want 1", name, got)
 		}
+	}
+}
+
+// What plover_load writes on the legacy default stream (cudaMemset: the
+// test bundles rewrite 17 bytes of constants with 0x5a) is done before the
+// first request, whose instance stream is non-blocking and so does not
+// wait for it: the hook's wait covers the whole context. The fake does
+// such work only at a cuCtxSynchronize, the latest the driver allows.
+func testHookDefaultStream(t *testing.T, e *bundleEnv) {
+	g := e.gpu(t)
+	c, err := g.LoadConstants(bytes.NewReader(make([]byte, 17)), 17)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Free()
+	if e.ents.program, err = g.programHook(e.ents, hookLoad, c, nil); err != nil {
+		t.Fatalf("plover_load: %v", err)
+	}
+	defer func() {
+		g.programHook(e.ents, hookUnload, c, e.ents.program)
+		e.ents.program = nil
+	}()
+	inst := newInst(t, g, e, InstanceConfig{MaxInput: 17, Tmp: 17, Out: 17, Constants: c, Entries: e.ents})
+	in := []byte("default stream!!!")
+	out := make([]byte, 17)
+	chain := []Step{e.step(t, "pl_load", 1, 32), e.step(t, "pl_add_const", 1, 32), e.step(t, "pl_inc", 1, 32), e.step(t, "pl_store", 1, 32)}
+	mustRun(t, inst, &Run{Input: in, Output: out, Chain: chain, TmpLen: 17})
+	if want := chainOut(in, bytes.Repeat([]byte{0x5a}, 17), 17, 17, true); !bytes.Equal(out, want) {
+		t.Errorf("the first request after plover_load's default-stream memset: %s", firstDiff(out, want))
 	}
 }
 

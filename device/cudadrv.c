@@ -28,6 +28,7 @@
   X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                   \
   X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                            \
   X(cuCtxSetCurrent, (CUcontext))                                        \
+  X(cuCtxSynchronize, (void))                                            \
   X(cuMemAlloc_v2, (CUdeviceptr *, size_t))                              \
   X(cuMemFree_v2, (CUdeviceptr))                                         \
   X(cuMemGetInfo_v2, (size_t *, size_t *))                               \
@@ -358,8 +359,13 @@ static const char *take_error(void *last_error) {
   return last_error ? ((plover_last_error_fn)last_error)() : NULL;
 }
 
-/* Calls hook on st, then waits for stream: a hook's launches must be done
- * before what follows it (the first request, freeing the buffers). */
+/* Calls hook on st, then waits for stream and for the whole context: a
+ * hook's work must be done before what follows it (the first request,
+ * freeing the buffers). The stream alone is not enough: a hook may work on
+ * the legacy default stream or a per-thread one (cudaMemset, a cudaMemcpy
+ * from pageable memory), which the instances' streams, non-blocking, never
+ * wait for, so a first request's kernels could read constants not fully
+ * written. Hooks are rare: a context-wide wait costs nothing that counts. */
 static const char *hook_and_sync(const plcu_driver_t *d, CUstream stream,
                                  void *hook, plover_state_t *st,
                                  void *last_error, CUresult *e,
@@ -370,6 +376,11 @@ static const char *hook_and_sync(const plcu_driver_t *d, CUstream stream,
   if (se != PLCU_SUCCESS && *e == PLCU_SUCCESS) {
     *e = se;
     *op = "cuStreamSynchronize";
+  }
+  se = d->cuCtxSynchronize();
+  if (se != PLCU_SUCCESS && *e == PLCU_SUCCESS) {
+    *e = se;
+    *op = "cuCtxSynchronize";
   }
   /* An error the hook's kernels raised asynchronously shows after the sync. */
   if (msg == NULL) msg = take_error(last_error);

@@ -145,7 +145,7 @@ CUresult plcu_inst_create(const plcu_driver_t *d, CUcontext ctx, size_t max_in,
 /* The priority the instance's stream was made with (for tests). */
 CUresult plcu_inst_stream_priority(plcu_inst_t *in, int *priority);
 /* Runs an instance hook (plover_instance_init/fini) on the instance's state
- * and stream and waits for the stream: returns the bundle's error, or NULL
+ * and stream and waits for the stream and the context: returns the bundle's error, or NULL
  * with *e set when a driver call failed (*op names it). *reached is set to 1
  * just before the hook is called: a sticky error met while it is still 0
  * was other work's (the hook ran nothing). */
@@ -153,7 +153,7 @@ const char *plcu_inst_hook(plcu_inst_t *in, void *hook, void *last_error,
                            CUresult *e, const char **op, int *reached);
 /* Runs plover_load or plover_unload with the constants writable and
  * s->program = *program, on a stream of its own (valid during the call
- * only), and waits for it; *program receives s->program. Errors as
+ * only), and waits for it and the context; *program receives s->program. Errors as
  * plcu_inst_hook. */
 const char *plcu_program_hook(const plcu_driver_t *d, CUcontext ctx,
                               void *hook, void *last_error,

@@ -130,6 +130,11 @@ PLOVER_EXPORT void plover_load(plover_state_t *s) {
   __atomic_add_fetch(&pl_hook_calls[0], 1, __ATOMIC_RELAXED);
   if (s->input.len != 0 || s->out.len != 0) plover_fail(s, "plover_load: input and out must be empty");
   s->program = &pl_program_tag;
+  /* With 17 bytes of constants it rewrites them (0x5a each) with cudaMemset,
+   * on the legacy default stream, which no instance stream waits for: the
+   * first request must see them written (testHookDefaultStream). */
+  if (s->constant.len == 17 && cudaMemset(s->constant.dat, 0x5a, 17) != cudaSuccess)
+    plover_fail(s, "plover_load: cudaMemset failed");
 }
 
 PLOVER_EXPORT void plover_instance_init(plover_state_t *s) {

@@ -18,6 +18,7 @@ PLOVER_BUNDLE("cuda");
 typedef void (*fk_kernel)(void *args, int grid, int block);
 int fakecu_launch(void *stream, int grid, int block, fk_kernel fn, const void *args, size_t argsz);
 int fakecu_stream_sync(void *stream);
+int fakecu_memset_default(void *dst, int v, size_t n);
 void fakecu_fault(int code);
 
 /* Entry point calls, so tests can see that graph replay makes none. */
@@ -178,6 +179,10 @@ PLOVER_EXPORT void plover_load(plover_state_t *s) {
    * code, having made the file $FAKEBUNDLE_HOLD names (if set) once it
    * faulted. */
   if (s->constant.len == 15 || s->constant.len == 16) launch(s, 1, 1, k_fault, (args_t){0});
+  /* With 17 bytes, it rewrites them with cudaMemset's legacy default
+   * stream (0x5a each), work that no instance stream waits for. */
+  if (s->constant.len == 17 && fakecu_memset_default(s->constant.dat, 0x5a, 17) != 0)
+    plover_fail(s, "plover_load: the default-stream memset was refused");
   if (s->constant.len == 16) {
     const char *f = getenv("FAKEBUNDLE_HOLD");
     int fd = f != NULL ? open(f, O_CREAT | O_WRONLY | O_CLOEXEC, 0600) : -1;

@@ -95,11 +95,21 @@ static CUresult count_copy(int dir, size_t n) {
   return OK;
 }
 
+/* A memset on the legacy default stream (cudaMemset from a bundle),
+ * queued: see fakecu_memset_default. */
+typedef struct pending {
+  void *dst;
+  unsigned char v;
+  size_t n;
+  struct pending *next;
+} pending_t;
+
 struct CUctx_st {
   int dev;
   int refs;
   int sticky; /* a sticky error poisons the context until its last release */
   long long allocated;
+  pending_t *pending, **pending_tail; /* legacy default stream work, in order */
 };
 typedef struct CUctx_st *CUcontext;
 
@@ -259,14 +269,48 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
   if (d < 0 || d >= MAXDEV) return INVALID_DEVICE;
   pthread_mutex_lock(&mu);
-  if (ctxs[d].refs > 0 && --ctxs[d].refs == 0) ctxs[d].sticky = 0;
+  pending_t *drop = NULL;
+  if (ctxs[d].refs > 0 && --ctxs[d].refs == 0) {
+    /* The context goes, and its queued work with it, undone. */
+    ctxs[d].sticky = 0;
+    drop = ctxs[d].pending;
+    ctxs[d].pending = NULL;
+    ctxs[d].pending_tail = NULL;
+  }
   pthread_mutex_unlock(&mu);
+  while (drop != NULL) {
+    pending_t *next = drop->next;
+    free(drop);
+    drop = next;
+  }
   return OK;
 }
 
 EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
   if (!inited) return NOT_INITIALIZED;
   cur = c;
+  return OK;
+}
+
+/* Context synchronizations, read by tests through dlsym. */
+EXPORT long long fakecu_ctx_syncs;
+
+/* Waits for all the context's work: here, does the legacy default
+ * stream's queued memsets, which nothing else waits for. */
+EXPORT CUresult cuCtxSynchronize(void) {
+  NEED_CTX();
+  __atomic_add_fetch(&fakecu_ctx_syncs, 1, __ATOMIC_RELAXED);
+  pthread_mutex_lock(&mu);
+  pending_t *p = cur->pending;
+  cur->pending = NULL;
+  cur->pending_tail = NULL;
+  pthread_mutex_unlock(&mu);
+  while (p != NULL) {
+    pending_t *next = p->next;
+    memset(p->dst, p->v, p->n);
+    free(p);
+    p = next;
+  }
   return OK;
 }
 
@@ -634,6 +678,25 @@ EXPORT int fakecu_launch(void *stream, int grid, int block, fk_kernel fn,
   nd->block = block;
   nd->args = malloc(argsz ? argsz : 1);
   memcpy(nd->args, args, argsz);
+  return 0;
+}
+
+/* cudaMemset on the legacy default stream, as a hook may do: queued, and
+ * done at the context's next cuCtxSynchronize, never by synchronizing a
+ * non-blocking stream (an instance's), which does not wait for the legacy
+ * stream. The latest schedule the real driver allows: it shows whether
+ * Plover waits for such work before the first request. */
+EXPORT int fakecu_memset_default(void *dst, int v, size_t n) {
+  if (!inited || cur == NULL) return 201;
+  if (cur->sticky) return cur->sticky;
+  pending_t *p = malloc(sizeof *p);
+  if (p == NULL) return 2;
+  *p = (pending_t){dst, (unsigned char)v, n, NULL};
+  pthread_mutex_lock(&mu);
+  if (cur->pending_tail == NULL) cur->pending_tail = &cur->pending;
+  *cur->pending_tail = p;
+  cur->pending_tail = &p->next;
+  pthread_mutex_unlock(&mu);
   return 0;
 }
 
