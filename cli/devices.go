@@ -13,8 +13,15 @@ import (
 	"github.com/plover-run/plover/device"
 )
 
-func openDevices(kind string, limit int64, log *slog.Logger) ([]device.Device, error) {
-	devs, err := device.Open(kind, limit, log)
+// openDevices opens the server's devices; bare (under MPS, functions in
+// worker processes), as device.OpenBare does: no CUDA context in the
+// server.
+func openDevices(kind string, limit int64, bare bool, log *slog.Logger) ([]device.Device, error) {
+	open := device.Open
+	if bare {
+		open = device.OpenBare
+	}
+	devs, err := open(kind, limit, log)
 	if err != nil {
 		return nil, fmt.Errorf("--device %s: %w", kind, err)
 	}

@@ -415,7 +415,11 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 	} else if k > 0 {
 		log.Warn("ended processes an earlier server of this data directory left running (workers, or what they started)", "processes", k)
 	}
-	devs, err := openDevices(f.device, f.memLimitMB<<20, log)
+	// Decided before the devices open: under MPS the server opens its GPUs
+	// bare (no CUDA context), so that it is none of the MPS server's
+	// clients (mpsWanted).
+	mps := mpsWanted(f)
+	devs, err := openDevices(f.device, f.memLimitMB<<20, mps, log)
 	if err != nil {
 		return nil, err
 	}
@@ -425,7 +429,7 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 	if err := ctx.Err(); err != nil {
 		return nil, err // a stop signal came while the store or the devices opened
 	}
-	if n.devs, n.cpu, n.pids, n.mem, err = isolate(f, devs, log); err != nil {
+	if n.devs, n.cpu, n.pids, n.mem, err = isolate(f, devs, mps, log); err != nil {
 		n.devs = devs
 		return nil, err
 	}

@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -149,7 +151,7 @@ func TestMemoryGroupsOnWithoutWorkersIsTold(t *testing.T) {
 	}{{"on", true}, {"auto", false}, {"off", false}} {
 		var logs bytes.Buffer
 		f := &serveFlags{isolation: "none", memoryGroups: tc.mode, lightBoost: 1}
-		if _, _, _, _, err := isolate(f, []device.Device{device.NewHost(0)}, slog.New(slog.NewTextHandler(&logs, nil))); err != nil {
+		if _, _, _, _, err := isolate(f, []device.Device{device.NewHost(0)}, false, slog.New(slog.NewTextHandler(&logs, nil))); err != nil {
 			t.Fatal(err)
 		}
 		if got := strings.Contains(logs.String(), "--memory-groups on"); got != tc.told {
@@ -169,3 +171,48 @@ func TestVersionsShortDigest(t *testing.T) {
 		t.Fatalf("%v:\n%s", err, out.String())
 	}
 }
+
+// Whether the server opens its GPUs bare (no CUDA context, so that it is
+// none of the MPS server's clients) is decided before they open: under
+// --isolation process with --mps or a control daemon running; never with
+// --isolation none, where functions run on the server's own context.
+func TestMPSWantedBeforeTheDevicesOpen(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("CUDA_MPS_PIPE_DIRECTORY", dir)
+	for _, tc := range []struct {
+		isolation string
+		flag      bool
+		daemon    bool
+		want      bool
+	}{
+		{"process", true, false, true}, {"process", false, true, true}, {"process", false, false, false},
+		{"none", true, true, false}, {"none", true, false, false},
+	} {
+		t.Run(fmt.Sprintf("%s mps=%v daemon=%v", tc.isolation, tc.flag, tc.daemon), func(t *testing.T) {
+			if tc.daemon {
+				ln, err := net.Listen("unix", filepath.Join(dir, "control"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ln.Close()
+			}
+			f := &serveFlags{isolation: tc.isolation, mps: tc.flag}
+			if got := mpsWanted(f); got != tc.want {
+				t.Errorf("mpsWanted = %v, want %v", got, tc.want)
+			}
+			// isolate's verdict on a GPU is the one the devices opened
+			// by, asked again of nothing (a daemon started meanwhile).
+			if got, err := mpsFor(f, []device.Device{cudaStub{}}, tc.want, nil, slog.New(slog.DiscardHandler)); got != tc.want || err != nil {
+				t.Errorf("mpsFor on a GPU: %v, %v; want %v", got, err, tc.want)
+			}
+			if got, err := mpsFor(f, []device.Device{device.NewHost(0)}, tc.want, nil, slog.New(slog.DiscardHandler)); got || err != nil {
+				t.Errorf("mpsFor on the host device: %v, %v; want false", got, err)
+			}
+		})
+	}
+}
+
+// cudaStub is a device of the CUDA target that does nothing.
+type cudaStub struct{ device.Device }
+
+func (cudaStub) Target() string { return "cuda" }

@@ -21,8 +21,9 @@ import (
 )
 
 // isolate wraps each device so that functions run in worker processes
-// (--isolation process), and makes the server unreadable to them.
-func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.Device, *worker.CPUGroups, *worker.PidGroups, *worker.MemGroups, error) {
+// (--isolation process), and makes the server unreadable to them. mps is
+// mpsWanted's answer, taken before the devices opened.
+func isolate(f *serveFlags, devs []device.Device, mps bool, log *slog.Logger) ([]device.Device, *worker.CPUGroups, *worker.PidGroups, *worker.MemGroups, error) {
 	type checker interface{ EnableChecks(reportFD int) error }
 	if f.checked {
 		for _, d := range devs {
@@ -72,7 +73,7 @@ func isolate(f *serveFlags, devs []device.Device, log *slog.Logger) ([]device.De
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	mps, err := mpsFor(f, devs, drop, log)
+	mps, err = mpsFor(f, devs, mps, drop, log)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
@@ -116,16 +117,25 @@ func workerIdentity(name string) (*contain.Identity, error) {
 	return &id, nil
 }
 
-// mpsFor reports whether the CUDA devices' workers are MPS clients (--mps,
-// or a control daemon running), refusing what MPS cannot serve.
-func mpsFor(f *serveFlags, devs []device.Device, drop *contain.Identity, log *slog.Logger) (bool, error) {
+// mpsWanted reports whether functions run in worker processes that are MPS
+// clients: --isolation process, and --mps or a control daemon running.
+// Asked once, before the devices open: the server then opens its GPUs
+// bare, holding no context, since under MPS a server with one is a client
+// that the MPS server waits for after any client's fault (device.OpenBare).
+func mpsWanted(f *serveFlags) bool {
+	return f.isolation == "process" && (f.mps || contain.MPSRunning())
+}
+
+// mpsFor reports whether the CUDA devices' workers are MPS clients
+// (wanted: mpsWanted's answer), refusing what MPS cannot serve.
+func mpsFor(f *serveFlags, devs []device.Device, wanted bool, drop *contain.Identity, log *slog.Logger) (bool, error) {
 	if len(devs) == 0 || !device.TakesMPS(devs[0].Target()) {
 		if f.mps {
 			log.Warn("--mps applies to CUDA devices only; ignored")
 		}
 		return false, nil
 	}
-	if !f.mps && !contain.MPSRunning() {
+	if !wanted {
 		return false, nil
 	}
 	if drop != nil {

@@ -62,6 +62,11 @@ struct plcu_driver {
 #define PLCU_FIELD(name, args) CUresult(*name) args;
   PLCU_SYMBOLS(PLCU_FIELD)
 #undef PLCU_FIELD
+  /* Optional: only a server that opens its GPUs without a context (under
+   * MPS) needs it, and falls back to a context where it is missing. The
+   * _v2 gives a MIG compute instance's UUID where CUDA sees one; the old
+   * one gave the whole GPU's. */
+  CUresult (*cuDeviceGetUuid_v2)(unsigned char *, CUdevice);
 };
 
 plcu_driver_t *plcu_open(const char *path, char *err, size_t errlen) {
@@ -91,6 +96,7 @@ plcu_driver_t *plcu_open(const char *path, char *err, size_t errlen) {
   }
   PLCU_SYMBOLS(PLCU_RESOLVE)
 #undef PLCU_RESOLVE
+  *(void **)(&d->cuDeviceGetUuid_v2) = dlsym(lib, "cuDeviceGetUuid_v2");
   return d;
 }
 
@@ -147,6 +153,34 @@ CUresult plcu_device_open(const plcu_driver_t *d, int ordinal, CUdevice *dev,
   if (e != PLCU_SUCCESS) {
     d->cuDevicePrimaryCtxRelease_v2(*dev);
     return e;
+  }
+  return PLCU_SUCCESS;
+}
+
+CUresult plcu_device_info(const plcu_driver_t *d, int ordinal, CUdevice *dev,
+                          char *name, int namelen, size_t *total,
+                          unsigned char uuid[16], int *has_uuid,
+                          const char **op) {
+  CUresult e;
+  *has_uuid = 0;
+  if ((e = d->cuDeviceGet(dev, ordinal)) != PLCU_SUCCESS) {
+    *op = "cuDeviceGet";
+    return e;
+  }
+  if ((e = d->cuDeviceGetName(name, namelen, *dev)) != PLCU_SUCCESS) {
+    *op = "cuDeviceGetName";
+    return e;
+  }
+  if ((e = d->cuDeviceTotalMem_v2(total, *dev)) != PLCU_SUCCESS) {
+    *op = "cuDeviceTotalMem_v2";
+    return e;
+  }
+  if (d->cuDeviceGetUuid_v2 != NULL) {
+    if ((e = d->cuDeviceGetUuid_v2(uuid, *dev)) != PLCU_SUCCESS) {
+      *op = "cuDeviceGetUuid_v2";
+      return e;
+    }
+    *has_uuid = 1;
   }
   return PLCU_SUCCESS;
 }

@@ -105,6 +105,14 @@ CUresult plcu_device_open(const plcu_driver_t *d, int ordinal, CUdevice *dev,
                           CUcontext *ctx, char *name, int namelen,
                           size_t *total, int *prio_least, int *prio_greatest,
                           const char **op);
+/* Reads device ordinal's name, memory and UUID (cuDeviceGetUuid_v2's 16
+ * bytes; *has_uuid is 0 where the driver lacks it) without touching a
+ * context: no primary context is retained or made, so under MPS the
+ * process does not become a client of the GPU's MPS server. */
+CUresult plcu_device_info(const plcu_driver_t *d, int ordinal, CUdevice *dev,
+                          char *name, int namelen, size_t *total,
+                          unsigned char uuid[16], int *has_uuid,
+                          const char **op);
 CUresult plcu_device_close(const plcu_driver_t *d, CUdevice dev);
 
 CUresult plcu_mem_info(const plcu_driver_t *d, CUcontext ctx, size_t *free_b,

@@ -10,6 +10,7 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -42,6 +43,11 @@ type GPU struct {
 	hwTotal int64
 	limit   int64 // 0: no budget
 	log     *slog.Logger
+
+	// mem, when set, reads the device's memory in place of the context:
+	// a GPU opened bare (OpenBare), ctx nil, which runs nothing here.
+	mem       memReader
+	memWarned atomic.Bool
 
 	used          atomic.Int64
 	fault         atomic.Pointer[DeviceFault]
@@ -122,6 +128,84 @@ func openGPU(d *driver, ordinal int, limit int64, log *slog.Logger) (*GPU, error
 	return g, nil
 }
 
+// openBareGPUs opens every visible CUDA device bare (openBareGPU).
+func openBareGPUs(path string, limit int64, log *slog.Logger) ([]*GPU, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	d, err := loadDriver(path)
+	if err != nil {
+		return nil, err
+	}
+	if code := C.plcu_init(d.c); code != 0 {
+		return nil, fmt.Errorf("CUDA driver %s: %w", path, d.err("cuInit", code))
+	}
+	var n C.int
+	if code := C.plcu_device_count(d.c, &n); code != 0 {
+		return nil, fmt.Errorf("CUDA driver %s: %w", path, d.err("cuDeviceGetCount", code))
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("CUDA driver %s: no CUDA devices visible (CUDA_VISIBLE_DEVICES=%q)",
+			path, os.Getenv("CUDA_VISIBLE_DEVICES"))
+	}
+	gpus := make([]*GPU, 0, int(n))
+	for i := 0; i < int(n); i++ {
+		g, err := openBareGPU(d, i, limit, log)
+		if err != nil {
+			for _, g := range gpus {
+				g.Close()
+			}
+			return nil, err
+		}
+		gpus = append(gpus, g)
+	}
+	return gpus, nil
+}
+
+// openBareGPU opens CUDA device ordinal for a server whose functions run
+// in MPS worker processes: with no context. A process that holds a
+// context on a GPU under MPS is one of its MPS server's clients, and
+// after any client's fatal fault that server waits for every client to
+// exit, refusing new ones (CUDA_ERROR_MPS_SERVER_NOT_READY) meanwhile:
+// workers exit, the server does not, so one function's fault took the GPU
+// until the server restarted. Its name and memory need no context;
+// free memory comes from NVML, found by the UUID CUDA gives the device.
+// Without NVML (or where it does not know the device) the GPU is opened
+// with a context as before, and the log says what that risks.
+func openBareGPU(d *driver, ordinal int, limit int64, log *slog.Logger) (*GPU, error) {
+	g := &GPU{drv: d, ordinal: ordinal, limit: limit, log: log}
+	var name [256]C.char
+	var total C.size_t
+	var uuid [16]C.uchar
+	var hasUUID C.int
+	var op *C.char
+	code := C.plcu_device_info(d.c, C.int(ordinal), &g.dev, &name[0], C.int(len(name)), &total, &uuid[0], &hasUUID, &op)
+	if code != 0 {
+		return nil, fmt.Errorf("CUDA device %d: %w", ordinal, d.err(C.GoString(op), code))
+	}
+	g.name = fmt.Sprintf("%s (GPU %d)", C.GoString(&name[0]), ordinal)
+	g.hwTotal = int64(total)
+	var why error
+	if hasUUID == 0 {
+		why = errors.New("the driver exports no cuDeviceGetUuid_v2 to match it with NVML")
+	} else {
+		var u [16]byte
+		for i := range u {
+			u[i] = byte(uuid[i])
+		}
+		g.mem, why = openMemReader(u)
+	}
+	if why != nil {
+		log.Warn("under MPS the server holds a CUDA context on this GPU, to read its free memory: a kernel fault in any function may then take the GPU until the server restarts (its MPS server waits for every client to exit, this one too)",
+			"device", g.name, "reason", why.Error())
+		return openGPU(d, ordinal, limit, log)
+	}
+	log.Info("CUDA device opened", "device", g.name, "memory", g.hwTotal,
+		"budget", limit, "driver_cuda_version", versionString(d.version),
+		"context", "none: its functions run in MPS worker processes; free memory from NVML")
+	return g, nil
+}
+
 // streamPriority is the stream priority of an instance of a function of
 // priority class (abi.Manifest.Priority): latency the greatest, batch the
 // least, default midway. Where several functions' kernels share a context
@@ -164,6 +248,20 @@ func init() {
 				return nil, err // not a nil *GPU in a non-nil Device
 			}
 			return g, nil
+		},
+		OpenBare: func(driver string, limit int64, log *slog.Logger) ([]Device, error) {
+			if driver == "" {
+				driver = libcuda
+			}
+			gpus, err := openBareGPUs(driver, limit, log)
+			if err != nil {
+				return nil, err
+			}
+			devs := make([]Device, len(gpus))
+			for i, g := range gpus {
+				devs[i] = g
+			}
+			return devs, nil
 		},
 		// Four runs at once, one kept for light functions: a run is
 		// mostly the GPU's, and copies overlap another's kernels.
@@ -269,7 +367,22 @@ func (g *GPU) MemInfo() MemInfo {
 	used := g.used.Load()
 	total := g.total()
 	free := total - used
-	if !g.poisoned() && !g.closed.Load() {
+	if g.mem != nil {
+		// Opened bare: no context, so nothing to poison; a failed read
+		// leaves the budget's figures.
+		if !g.closed.Load() {
+			if hwFree, t, err := g.mem.memInfo(); err == nil {
+				if g.limit <= 0 || t < g.limit {
+					total = t
+					free = hwFree
+				} else if hwFree < free {
+					free = hwFree
+				}
+			} else if g.memWarned.CompareAndSwap(false, true) {
+				g.log.Warn("cannot read the GPU's free memory; its budget stands in (said once)", "device", g.name, "error", err.Error())
+			}
+		}
+	} else if !g.poisoned() && !g.closed.Load() {
 		var f, t C.size_t
 		if code := C.plcu_mem_info(g.drv.c, g.ctx, &f, &t); code == 0 {
 			hwFree := int64(f)
@@ -297,6 +410,12 @@ func (g *GPU) MemInfo() MemInfo {
 
 func (g *GPU) Close() error {
 	if !g.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	if g.ctx == nil { // opened bare: no context retained to release
+		if g.mem != nil {
+			g.mem.close()
+		}
 		return nil
 	}
 	// Released even after a fault: it only drops Open's reference, and the
@@ -362,6 +481,9 @@ func (g *GPU) usable() error {
 	}
 	if g.closed.Load() {
 		return fmt.Errorf("%s: closed", g.name)
+	}
+	if g.ctx == nil {
+		return fmt.Errorf("%s: opened without a CUDA context (under MPS its functions run in worker processes): nothing runs on it in this process", g.name)
 	}
 	return nil
 }

@@ -25,6 +25,11 @@ type Kind struct {
 	// is none; limit is each one's memory budget in bytes (0: all of it).
 	// driver is where its driver library is ("": the default).
 	Open func(driver string, limit int64, log *slog.Logger) ([]Device, error)
+	// OpenBare, when set, opens the devices as Open does for a process
+	// that runs nothing on them itself and must hold nothing on them that
+	// another process's fault could reach (a CUDA server whose functions
+	// run in MPS worker processes: no context). nil: Open.
+	OpenBare func(driver string, limit int64, log *slog.Logger) ([]Device, error)
 	// OpenOne opens device ordinal and no other: a worker process serves
 	// one device and must not hold contexts on the rest.
 	OpenOne func(ordinal int, limit int64, driver string, log *slog.Logger) (Device, error)
@@ -137,14 +142,20 @@ func Standby(target string) (floor, ceiling int) {
 
 // openKinds is Open's kind argument: one kind, or "auto": the first kind
 // other than the fallback with a device, else the fallback's, with a log
-// line saying why.
-func openKinds(kind, driver string, limit int64, log *slog.Logger) ([]Device, error) {
+// line saying why. bare: OpenBare's.
+func openKinds(kind, driver string, limit int64, bare bool, log *slog.Logger) ([]Device, error) {
+	open := func(k Kind) ([]Device, error) {
+		if bare && k.OpenBare != nil {
+			return k.OpenBare(driver, limit, log)
+		}
+		return k.Open(driver, limit, log)
+	}
 	if kind != KindAuto && kind != "" {
 		k, ok := KindOf(kind)
 		if !ok {
 			return nil, fmt.Errorf("device kind %q: want %s", kind, strings.Join(append([]string{KindAuto}, Kinds()...), ", "))
 		}
-		devs, err := k.Open(driver, limit, log)
+		devs, err := open(k)
 		if err != nil {
 			return nil, fmt.Errorf("device %s: %w", kind, err)
 		}
@@ -158,7 +169,7 @@ func openKinds(kind, driver string, limit int64, log *slog.Logger) ([]Device, er
 			fallback = &k
 			continue
 		}
-		devs, err := k.Open(driver, limit, log)
+		devs, err := open(k)
 		if err == nil && len(devs) > 0 {
 			return devs, nil
 		}
@@ -170,7 +181,7 @@ func openKinds(kind, driver string, limit int64, log *slog.Logger) ([]Device, er
 	if fallback == nil {
 		return nil, fmt.Errorf("no device: %s", strings.Join(why, "; "))
 	}
-	devs, err := fallback.Open(driver, limit, log)
+	devs, err := open(*fallback)
 	if err != nil {
 		return nil, err
 	}

@@ -30,7 +30,21 @@ func Open(kind string, limit int64, log *slog.Logger) ([]Device, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return openKinds(kind, "", limit, log)
+	return openKinds(kind, "", limit, false, log)
+}
+
+// OpenBare is Open for a process that runs nothing on the devices itself
+// (its functions run in worker processes) and must hold nothing on them
+// that another process's fault could reach: a server under CUDA MPS. Its
+// GPUs hold no CUDA context (so the server is no client of their MPS
+// servers), read their free memory through NVML, and refuse to load
+// anything; where NVML cannot read a GPU's memory it is opened as Open
+// does, with a warning. Other kinds open as Open opens them.
+func OpenBare(kind string, limit int64, log *slog.Logger) ([]Device, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return openKinds(kind, "", limit, true, log)
 }
 
 // OpenOne opens one device of a registered kind: the host device, or CUDA

@@ -98,14 +98,14 @@ func TestOpenFakeErrors(t *testing.T) {
 		}
 		t.Log(err)
 		log, buf := newLog()
-		devs, err := openKinds(KindAuto, lib, 0, log)
+		devs, err := openKinds(KindAuto, lib, 0, false, log)
 		if err != nil || len(devs) != 1 || devs[0].Target() != "host" {
 			t.Fatalf("auto: %v, %v", devs, err)
 		}
 		if !strings.Contains(buf.String(), "CUDA_ERROR_NO_DEVICE") {
 			t.Errorf("auto fallback log: %q", buf.String())
 		}
-		if _, err := openKinds(KindCUDA, lib, 0, nil); err == nil {
+		if _, err := openKinds(KindCUDA, lib, 0, false, nil); err == nil {
 			t.Error("cuda: no error")
 		}
 	})
@@ -119,7 +119,7 @@ func TestOpenFakeErrors(t *testing.T) {
 	})
 	t.Run("devices", func(t *testing.T) {
 		t.Setenv("FAKECUDA_DEVICES", "3")
-		devs, err := openKinds(KindCUDA, lib, 0, nil)
+		devs, err := openKinds(KindCUDA, lib, 0, false, nil)
 		if err != nil || len(devs) != 3 {
 			t.Fatalf("got %d devices, %v", len(devs), err)
 		}

@@ -920,6 +920,8 @@ sec_mps() {
     mps_device_test "$d" mps-contained TestGPUContained 90 "a worker's containment under MPS as nobody" "${run[@]}"
     mps_fair "$d" mps "" "${run[@]}"
     rc=$?
+    # After the bench, whose tables a fault's recovery would disturb.
+    mps_fault "$d" "$mps" "${run[@]}"
     echo quit | bounded 15 "${run[@]}" "$mps" >/dev/null 2>&1 || say "stopping the MPS daemon: exit $?"
     cp -r "$d/log" "$tmp/logs/mps-log" 2>/dev/null
     # Whether the workers were its clients (the driver falls back without
@@ -937,6 +939,104 @@ sec_mps() {
     mps_fair "$d" mps " (MPS off)" "${run[@]}"
   fi
   rm -rf "$d"
+}
+
+# mps_fault DIR MPS RUN...: under MPS one function's fault must not take the
+# GPU (issue 61). NVIDIA's MPS contains a fatal fault to the clients of
+# that GPU and then waits for every one of them to exit, refusing new ones
+# (CUDA_ERROR_MPS_SERVER_NOT_READY) meanwhile: workers exit, the Plover
+# server does not, so it must be none of its clients. Until 2026-12 it
+# was (it opened each GPU's context to read its memory: the MPS server's
+# log of 2026-12-04 names its pid). A server as nobody from DIR's copy
+# (RUN), vecadd served once (its worker a client too), then the clients
+# as the control daemon (MPS) lists them and as the MPS server's log
+# names them: the server's pid must be neither. Then the fault bundle
+# faults (500), and vecadd must be served again (200) within 30 s,
+# the time the MPS server takes to recover once the clients are gone.
+mps_fault() {
+  local d=$1 mps=$2 p=$((port + 5)) url log=$tmp/server-cuda-mps-fault.log rpid spid r i code srv list ok=0 active
+  shift 2
+  url=http://127.0.0.1:$p
+  say "-- under MPS: one function's fault, then another function on the same GPU"
+  if [ ! -f "$d/repo/build/cudatest/testkernels.so" ] || [ ! -d build/samples/vecadd-cuda ]; then
+    say "SKIP: needs build/cudatest/testkernels.so and build/samples/vecadd-cuda"
+    return 0
+  fi
+  fault_bundle
+  mkdir -p "$d/data-mps-fault" && chown nobody: "$d/data-mps-fault"
+  (cd "$d/repo" && exec "$@" bin/plover serve --listen "127.0.0.1:$p" --grpc-listen "127.0.0.1:$((p + 100))" \
+    --data "$d/data-mps-fault" --device cuda --isolation process) >"$log" 2>&1 &
+  rpid=$!
+  pids+=("$rpid")
+  # runuser may fork and wait for its command, or become it: the server is
+  # runuser's child, or the process itself.
+  spid=$rpid
+  for i in $(seq 1 120); do
+    if [ "$(cat "/proc/$rpid/comm" 2>/dev/null)" = runuser ]; then
+      spid=$(ps -o pid= --ppid "$rpid" 2>/dev/null | head -n 1 | tr -d ' ')
+    fi
+    code=$(http_get "$p" /healthz "$tmp/healthz")
+    [ "$code" = 200 ] && break
+    if ! kill -0 "$rpid" 2>/dev/null || out_of_time; then break; fi
+    sleep 0.5
+  done
+  if [ "$code" != 200 ] || [ -z "$spid" ]; then
+    fail "under MPS: the server as nobody did not come up (/healthz $code; server-cuda-mps-fault.log)"
+    tail -n 20 "$log"
+    kill "$spid" "$rpid" 2>/dev/null
+    save "$log" server-cuda-mps-fault.log
+    return 0
+  fi
+  say "under MPS: server pid $spid on 127.0.0.1:$p: $(grep -m 1 -o '"msg":"CUDA device opened"[^}]*' "$log")"
+  bin/plover deploy "$fb" --server "$url" >/dev/null || fail "under MPS: deploy the fault bundle"
+  bin/plover deploy build/samples/vecadd-cuda --server "$url" >/dev/null || fail "under MPS: deploy vecadd"
+  r=$(invoke "$url" vecadd "$vin" "$tmp/mps-before.out")
+  say "under MPS: vecadd before the fault: $r"
+  [ "${r%% *}" = 200 ] || fail "under MPS: vecadd before the fault answered ${r%% *}: $(body "$tmp/mps-before.out")"
+  # The clients, raw: every MPS server the daemon runs and its clients.
+  srv=$(echo get_server_list | bounded 10 "$@" "$mps" 2>&1)
+  say "under MPS: get_server_list: $(tr '\n' ' ' <<<"$srv")"
+  list=
+  for i in $srv; do
+    case $i in *[!0-9]*) continue ;; esac
+    r=$(echo "get_client_list $i" | bounded 10 "$@" "$mps" 2>&1)
+    say "under MPS: get_client_list $i: $(tr '\n' ' ' <<<"$r")"
+    list="$list $r"
+  done
+  # The MPS server's log names each client's contexts; a context of the
+  # server's that became ACTIVE is one the MPS server waits for. (A
+  # process's Context ID 0 is its connection, which cuInit may make.)
+  say "under MPS: the MPS server's log on pid $spid: $(grep -h "PID: $spid," "$d/log"/server*.log 2>/dev/null | tr '\n' ' ')"
+  active=$(grep -hc "client {PID: $spid, Context ID: [0-9]*} is ACTIVE" "$d/log"/server*.log 2>/dev/null | awk '{ n += $1 } END { print n + 0 }')
+  if grep -qw -- "$spid" <<<"$list"; then
+    fail "under MPS: the Plover server (pid $spid) is listed as an MPS client (get_client_list)"
+  elif [ "$active" -gt 0 ]; then
+    fail "under MPS: the MPS server's log has $active ACTIVE context(s) of the Plover server (pid $spid)"
+  else
+    pass "under MPS: the Plover server (pid $spid) is no MPS client (get_client_list, and no ACTIVE context in the MPS server's log)"
+  fi
+  r=$(invoke "$url" fault "$tmp/zero16" "$tmp/mps-fault.out")
+  say "under MPS: fault: $r: $(body "$tmp/mps-fault.out")"
+  if [ "${r%% *}" = 500 ]; then pass "under MPS: faulting request: 500"; else fail "under MPS: faulting request answered ${r%% *}, want 500"; fi
+  for i in $(seq 1 30); do
+    r=$(invoke "$url" vecadd "$vin" "$tmp/mps-after.out")
+    say "under MPS: vecadd after the fault, try $i: $r$([ "${r%% *}" = 200 ] || echo ": $(body "$tmp/mps-after.out")")"
+    if [ "${r%% *}" = 200 ]; then
+      ok=1
+      break
+    fi
+    out_of_time && break
+    sleep 1
+  done
+  if [ "$ok" = 1 ]; then pass "under MPS: another function on the GPU after the fault: 200 (try $i)"; else
+    fail "under MPS: another function after the fault never answered 200 (last: ${r%% *}; the GPU taken until the server restarts?)"
+  fi
+  code=$(http_get "$p" /healthz "$tmp/healthz")
+  say "under MPS: /healthz: $code $(cat "$tmp/healthz")"
+  [ "$code" = 200 ] || fail "under MPS: /healthz answered $code after the fault, want 200"
+  kill "$spid" 2>/dev/null
+  wait "$rpid" 2>/dev/null
+  save "$log" server-cuda-mps-fault.log
 }
 
 # mps_device_test DIR NAME TESTS CAP WHAT RUN...: bin/device.test's tests
@@ -1204,7 +1304,7 @@ run fair 40 "sharing a device: the CNN beside floods, shares 3:1, priorities (pl
 run isolation 30 "isolation cost: --isolation none vs process, CNN (scripts/isolation-bench.sh cuda)"
 run reload 15 "a function unloaded and loaded again into its tenant's worker (scripts/tenant-reload.sh cuda)"
 run memgroups 20 "memory groups on CUDA workers (--memory-groups on): a group's usage against the worker's RSS"
-run mps 60 "the CNN beside floods under MPS, the bench as nobody (plover-bench-suite --fair)"
+run mps 60 "the CNN beside floods under MPS, the bench as nobody (plover-bench-suite --fair); a fault, then another function"
 run contexts 20 "contexts: TestGPUInfo in one process, then in ${CONTEXTS:-14} at once"
 run tenants 60 "tenant workers: 40 functions of 2 tenants, function vs tenant scope; 1,000 functions of 10 tenants (plover-bench-suite --tenants)"
 

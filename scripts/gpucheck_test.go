@@ -3,6 +3,7 @@
 package scripts
 
 import (
+	"cmp"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -173,9 +174,34 @@ func TestGPUCheckContexts(t *testing.T) {
 	}
 }
 
+// standInServer is a bin/plover whose serve answers /healthz, fails the
+// fault bundle's invocations (500, naming CUDA_ERROR_ILLEGAL_ADDRESS) and
+// answers 200 to every other; its other commands succeed.
+const standInServer = `#!/bin/sh
+if [ "$1" = serve ]; then
+  while [ "$1" != --listen ]; do shift; done
+  exec python3 -c '
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"{\"ok\":true}")
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        fault = "/functions/fault/" in self.path
+        self.send_response(500 if fault else 200); self.end_headers()
+        self.wfile.write(b"{\"error\":\"kernel_failed: CUDA_ERROR_ILLEGAL_ADDRESS\"}" if fault else b"out")
+    def log_message(self, *a): pass
+host, port = sys.argv[1].rsplit(":", 1)
+http.server.HTTPServer((host, int(port)), H).serve_forever()' "$2"
+fi
+exit 0
+`
+
 // The mps section runs the fairness bench as nobody beside an MPS control
-// daemon of its own, both seeing the daemon's directories, and stops the
-// daemon after: here with stand-ins for the daemon and the bench.
+// daemon of its own, both seeing the daemon's directories, then a fault
+// and another function on a server as nobody, asking the daemon for its
+// clients, and stops the daemon after: here with stand-ins for the
+// daemon, the bench and the server.
 func TestGPUCheckMPS(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the section needs root (it runs the bench as nobody)")
@@ -196,17 +222,19 @@ func TestGPUCheckMPS(t *testing.T) {
 	for _, tc := range []struct {
 		name, row, contained string
 		want                 []string
+		clients              string // the stand-in daemon's get_client_list ("": a worker's pid)
 	}{
 		{"served", "", contained, []string{"PASS: the fairness bench as nobody",
+			"under MPS: get_client_list 4242: 4343", "PASS: under MPS: the Plover server (pid ",
 			"--- PASS: TestGPUContained (9.90s) as nobody -test.count=1 -test.timeout=",
 			"-test.v -test.run ^TestGPUContained$",
 			"PASS: a worker's containment under MPS as nobody",
-			"nobody's tasks during the run: at most "}},
+			"nobody's tasks during the run: at most "}, ""},
 		// A child under one step failed (and so all): the check names
 		// them, apart from the one-process suite's verdict.
 		{"a containment step failed", "", `echo "    --- FAIL: TestGPUContained/landlock (0.20s)"; echo "    --- FAIL: TestGPUContained/all (0.30s)"; echo "--- FAIL: TestGPUContained (3.00s)"; echo FAIL; exit 1`,
 			[]string{"FAIL: a worker's containment under MPS as nobody: failed landlock all (exit 1; mps-contained.txt)",
-				"PASS: the device suite under MPS as nobody, one process"}},
+				"PASS: the device suite under MPS as nobody, one process"}, ""},
 		// The first MPS run on a GPU (2026-12-04): every request failed,
 		// the suite exited 0 with its tables saying so, and this said PASS.
 		// Then the same without the daemon tells MPS from a server run
@@ -215,7 +243,7 @@ func TestGPUCheckMPS(t *testing.T) {
 			[]string{"FAIL: the fairness bench as nobody: requests failed (fair, the victim alone: 1 failed, 2 never sent (the most common: status 503: no worker).; mps.md, mps-servers/)",
 				"-- the same as nobody without MPS, to tell the two apart",
 				"| fair | as nobody, pipes in , --plover",
-				"PASS: the fairness bench as nobody (MPS off)"}},
+				"PASS: the fairness bench as nobody (MPS off)"}, ""},
 		// The suite stops as its server serves nothing, its reason on a
 		// line above the server's log it quotes, longer than the tail
 		// the check shows: the reason is shown too.
@@ -223,7 +251,11 @@ func TestGPUCheckMPS(t *testing.T) {
 			[]string{"FAIL: the fairness bench as nobody (exit 1; mps.md, mps-servers/)",
 				"plover-bench-suite: --sched fair: mode fair: every request to cnn failed as the server warmed up (4; status 503: stand-in)",
 				`{"msg":"line 30"}`,
-				"PASS: the fairness bench as nobody (MPS off)"}},
+				"PASS: the fairness bench as nobody (MPS off)"}, ""},
+		// The Plover server is an MPS client (as before issue 61: its
+		// own context on each GPU): the check says so.
+		{"the server is a client", "", contained, []string{"PASS: the fairness bench as nobody",
+			") is listed as an MPS client (get_client_list)"}, "pgrep -u nobody -f http.server"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root, path := checkTree(t, "exit 1")
@@ -237,8 +269,14 @@ func TestGPUCheckMPS(t *testing.T) {
 				}
 			}
 			files := map[string]string{
-				"path/nvidia-cuda-mps-control": "#!/bin/sh\nif [ \"$1\" = -d ]; then echo \"stand-in daemon of uid $(id -u), pipes in $CUDA_MPS_PIPE_DIRECTORY\" >\"$CUDA_MPS_LOG_DIRECTORY/control.log\"; exit 0; fi\nread cmd; echo \"stand-in $cmd\" >>\"$CUDA_MPS_LOG_DIRECTORY/control.log\"\n",
-				"bin/plover-bench-suite":       bench + tc.row + "\n",
+				// It answers get_server_list (one server, 4242) and
+				// get_client_list (its clients: a worker's pid).
+				"path/nvidia-cuda-mps-control": "#!/bin/sh\nif [ \"$1\" = -d ]; then echo \"stand-in daemon of uid $(id -u), pipes in $CUDA_MPS_PIPE_DIRECTORY\" >\"$CUDA_MPS_LOG_DIRECTORY/control.log\"; exit 0; fi\nread cmd; echo \"stand-in $cmd\" >>\"$CUDA_MPS_LOG_DIRECTORY/control.log\"\n" +
+					"case $cmd in get_server_list) echo 4242 ;; get_client_list*) " + cmp.Or(tc.clients, "echo 4343") + " ;; esac\n",
+				// A server that serves: the fault bundle's request
+				// faults (500), vecadd answers 200; deploys succeed.
+				"bin/plover":             standInServer,
+				"bin/plover-bench-suite": bench + tc.row + "\n",
 				// The device suite as an MPS client: run from device/,
 				// given the test kernels, with the daemon's pipes.
 				"bin/device.test": "#!/bin/sh\n[ \"$(basename \"$PWD\")\" = device ] && [ -f \"$PLOVER_TEST_CUDA_BUNDLE_DIR/testkernels.so\" ] && [ -n \"$CUDA_MPS_PIPE_DIRECTORY\" ] || exit 1\n" +
@@ -263,6 +301,12 @@ func TestGPUCheckMPS(t *testing.T) {
 				"--- PASS: TestGPUSuite (0.01s) as nobody -test.count=1 -test.timeout=",
 				"s -test.v -test.run ^TestGPU(Suite|Info)$",
 				"PASS: the device suite under MPS as nobody, one process",
+				// A fault under MPS, then another function.
+				"-- under MPS: one function's fault, then another function on the same GPU",
+				"under MPS: get_server_list: 4242",
+				"under MPS: get_client_list 4242: ",
+				"PASS: under MPS: faulting request: 500",
+				"PASS: under MPS: another function on the GPU after the fault: 200 (try 1)",
 			}, tc.want...) {
 				if !strings.Contains(report, want) {
 					t.Errorf("the report lacks %q:\n%s", want, report)

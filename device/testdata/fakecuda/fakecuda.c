@@ -255,9 +255,24 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) {
   return OK;
 }
 
+/* The device's UUID: "fakecuda" and then the ordinal, 16 bytes. */
+EXPORT CUresult cuDeviceGetUuid_v2(unsigned char *uuid, CUdevice d) {
+  if (!inited) return NOT_INITIALIZED;
+  if (d < 0 || d >= ndevices() || uuid == NULL) return INVALID_VALUE;
+  memcpy(uuid, "fakecuda\0\0\0\0\0\0\0", 15);
+  uuid[15] = (unsigned char)d;
+  return OK;
+}
+
+/* Primary context retains in this process, read by tests through dlsym:
+ * a process that opens its GPUs without a context (a server under MPS)
+ * must make none. */
+EXPORT long long fakecu_ctx_retains;
+
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
   if (!inited) return NOT_INITIALIZED;
   if (d < 0 || d >= ndevices()) return INVALID_DEVICE;
+  __atomic_add_fetch(&fakecu_ctx_retains, 1, __ATOMIC_RELAXED);
   pthread_mutex_lock(&mu);
   ctxs[d].dev = d;
   ctxs[d].refs++;
