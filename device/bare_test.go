@@ -259,3 +259,34 @@ func TestNVMLMemWithoutDriver(t *testing.T) {
 		t.Errorf("without a driver: %v, want ErrNoDriver", err)
 	}
 }
+
+// On a GPU: opened bare, a device finds itself in the real NVML by the
+// UUID CUDA gives it (no fall-back to a context, which would warn) and
+// reads its memory there. Skipped without a GPU.
+func TestGPUBareOpen(t *testing.T) {
+	gpuEnv(t)
+	log, buf := newLog()
+	gpus, err := openBareGPUs(libcuda, 0, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, g := range gpus {
+			g.Close()
+		}
+	}()
+	for _, g := range gpus {
+		if g.mem == nil || g.ctx != nil {
+			t.Errorf("%s: opened with a context, not bare:\n%s", g.Name(), buf)
+			continue
+		}
+		m := g.MemInfo()
+		t.Logf("%s (%s): cuDeviceTotalMem %d, NVML %+v", g.Name(), g.mem.(*nvmlMem).name, g.hwTotal, m)
+		if m.Total <= 0 || m.Free <= 0 || m.Free > m.Total {
+			t.Errorf("%s: MemInfo %+v", g.Name(), m)
+		}
+		if _, err := g.Load(context.Background(), ProgramSpec{}); err == nil {
+			t.Errorf("%s: a bare GPU loaded a program", g.Name())
+		}
+	}
+}
