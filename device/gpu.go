@@ -76,6 +76,12 @@ func OpenCUDA(limit int64, log *slog.Logger) ([]*GPU, error) {
 }
 
 func openGPUs(path string, limit int64, log *slog.Logger) ([]*GPU, error) {
+	return openEach(path, limit, log, openGPU)
+}
+
+// openEach opens every visible CUDA device through the driver at path with
+// open (openGPU, or openBareGPU), closing those it opened if one fails.
+func openEach(path string, limit int64, log *slog.Logger, open func(*driver, int, int64, *slog.Logger) (*GPU, error)) ([]*GPU, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -98,7 +104,7 @@ func openGPUs(path string, limit int64, log *slog.Logger) ([]*GPU, error) {
 	}
 	gpus := make([]*GPU, 0, int(n))
 	for i := 0; i < int(n); i++ {
-		g, err := openGPU(d, i, limit, log)
+		g, err := open(d, i, limit, log)
 		if err != nil {
 			for _, g := range gpus {
 				g.Close()
@@ -130,36 +136,7 @@ func openGPU(d *driver, ordinal int, limit int64, log *slog.Logger) (*GPU, error
 
 // openBareGPUs opens every visible CUDA device bare (openBareGPU).
 func openBareGPUs(path string, limit int64, log *slog.Logger) ([]*GPU, error) {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	d, err := loadDriver(path)
-	if err != nil {
-		return nil, err
-	}
-	if code := C.plcu_init(d.c); code != 0 {
-		return nil, fmt.Errorf("CUDA driver %s: %w", path, d.err("cuInit", code))
-	}
-	var n C.int
-	if code := C.plcu_device_count(d.c, &n); code != 0 {
-		return nil, fmt.Errorf("CUDA driver %s: %w", path, d.err("cuDeviceGetCount", code))
-	}
-	if n == 0 {
-		return nil, fmt.Errorf("CUDA driver %s: no CUDA devices visible (CUDA_VISIBLE_DEVICES=%q)",
-			path, os.Getenv("CUDA_VISIBLE_DEVICES"))
-	}
-	gpus := make([]*GPU, 0, int(n))
-	for i := 0; i < int(n); i++ {
-		g, err := openBareGPU(d, i, limit, log)
-		if err != nil {
-			for _, g := range gpus {
-				g.Close()
-			}
-			return nil, err
-		}
-		gpus = append(gpus, g)
-	}
-	return gpus, nil
+	return openEach(path, limit, log, openBareGPU)
 }
 
 // openBareGPU opens CUDA device ordinal for a server whose functions run
