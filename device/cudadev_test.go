@@ -1007,8 +1007,9 @@ func testHooks(t *testing.T, e *bundleEnv) {
 // What plover_load writes on the legacy default stream (cudaMemset: the
 // test bundles rewrite 17 bytes of constants with 0x5a) is done before the
 // first request, whose instance stream is non-blocking and so does not
-// wait for it: the hook's wait covers the whole context. The fake does
-// such work only at a cuCtxSynchronize, the latest the driver allows.
+// wait for it: the hook's wait covers the default streams. The fake does
+// such work only when they (or the context) are synchronized, the latest
+// the driver allows.
 func testHookDefaultStream(t *testing.T, e *bundleEnv) {
 	g := e.gpu(t)
 	c, err := g.LoadConstants(bytes.NewReader(make([]byte, 17)), 17)

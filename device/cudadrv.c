@@ -28,7 +28,6 @@
   X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                   \
   X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                            \
   X(cuCtxSetCurrent, (CUcontext))                                        \
-  X(cuCtxSynchronize, (void))                                            \
   X(cuMemAlloc_v2, (CUdeviceptr *, size_t))                              \
   X(cuMemFree_v2, (CUdeviceptr))                                         \
   X(cuMemGetInfo_v2, (size_t *, size_t *))                               \
@@ -393,13 +392,15 @@ static const char *take_error(void *last_error) {
   return last_error ? ((plover_last_error_fn)last_error)() : NULL;
 }
 
-/* Calls hook on st, then waits for stream and for the whole context: a
+/* Calls hook on st, then waits for stream and for the default streams: a
  * hook's work must be done before what follows it (the first request,
  * freeing the buffers). The stream alone is not enough: a hook may work on
  * the legacy default stream or a per-thread one (cudaMemset, a cudaMemcpy
  * from pageable memory), which the instances' streams, non-blocking, never
  * wait for, so a first request's kernels could read constants not fully
- * written. Hooks are rare: a context-wide wait costs nothing that counts. */
+ * written. Not the whole context (cuCtxSynchronize): in a tenant's worker
+ * that waits for the other functions' kernels too, and a sibling's long
+ * run would hold a load past its bound, whose kill ends them all. */
 static const char *hook_and_sync(const plcu_driver_t *d, CUstream stream,
                                  void *hook, plover_state_t *st,
                                  void *last_error, CUresult *e,
@@ -411,10 +412,13 @@ static const char *hook_and_sync(const plcu_driver_t *d, CUstream stream,
     *e = se;
     *op = "cuStreamSynchronize";
   }
-  se = d->cuCtxSynchronize();
-  if (se != PLCU_SUCCESS && *e == PLCU_SUCCESS) {
-    *e = se;
-    *op = "cuCtxSynchronize";
+  /* CU_STREAM_LEGACY and CU_STREAM_PER_THREAD, cuda.h's handles. */
+  for (uintptr_t h = 0x1; h <= 0x2; h++) {
+    se = d->cuStreamSynchronize((CUstream)h);
+    if (se != PLCU_SUCCESS && *e == PLCU_SUCCESS) {
+      *e = se;
+      *op = "cuStreamSynchronize (a default stream)";
+    }
   }
   /* An error the hook's kernels raised asynchronously shows after the sync. */
   if (msg == NULL) msg = take_error(last_error);

@@ -312,9 +312,17 @@ EXPORT long long fakecu_ctx_syncs;
 
 /* Waits for all the context's work: here, does the legacy default
  * stream's queued memsets, which nothing else waits for. */
+/* Does the legacy default stream's queued work (cur's). */
+static void drain_default(void);
+
 EXPORT CUresult cuCtxSynchronize(void) {
   NEED_CTX();
   __atomic_add_fetch(&fakecu_ctx_syncs, 1, __ATOMIC_RELAXED);
+  drain_default();
+  return OK;
+}
+
+static void drain_default(void) {
   pthread_mutex_lock(&mu);
   pending_t *p = cur->pending;
   cur->pending = NULL;
@@ -326,7 +334,6 @@ EXPORT CUresult cuCtxSynchronize(void) {
     free(p);
     p = next;
   }
-  return OK;
 }
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
@@ -536,6 +543,11 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
 
 EXPORT CUresult cuStreamSynchronize(CUstream s) {
   NEED_CTX();
+  /* CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: the default streams' work. */
+  if (s == (CUstream)0x1 || s == (CUstream)0x2) {
+    drain_default();
+    return OK;
+  }
   return stream_op(s);
 }
 
@@ -697,7 +709,8 @@ EXPORT int fakecu_launch(void *stream, int grid, int block, fk_kernel fn,
 }
 
 /* cudaMemset on the legacy default stream, as a hook may do: queued, and
- * done at the context's next cuCtxSynchronize, never by synchronizing a
+ * done at the next synchronize of a default stream (CU_STREAM_LEGACY,
+ * CU_STREAM_PER_THREAD) or the context, never by synchronizing a
  * non-blocking stream (an instance's), which does not wait for the legacy
  * stream. The latest schedule the real driver allows: it shows whether
  * Plover waits for such work before the first request. */
