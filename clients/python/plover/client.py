@@ -260,12 +260,18 @@ def _check_url(url):
 def _check_token(token):
     """The token with surrounding white space taken off (a token read from
     a file ends with a newline), or None for none; one with a space or a
-    control character inside is refused, without echoing it."""
+    control character inside, or any character outside ASCII, is refused,
+    without echoing it. (http.client would send a Latin-1 one as bytes the
+    CLI does not send, and fail on any other with a UnicodeEncodeError
+    that holds the whole Authorization header, token and all.)"""
     if token is None:
         return None
     token = token.strip()
     if any(c <= " " or c == "\x7f" for c in token):
         raise ValueError("token: a space or control character inside it (a token is one word; check where it was read from)")
+    if any(c > "\x7f" for c in token):
+        raise ValueError("token: a character outside ASCII inside it (a token is printable ASCII, as plover token "
+                         "makes them; check where it was read from)")
     return token or None
 
 

@@ -644,6 +644,19 @@ class Defaults(unittest.TestCase):
                 plover.Client("http://h:1", token=bad)
             self.assertNotIn("cr3t", str(cm.exception))
 
+    def test_token_is_ascii(self):
+        # A character outside ASCII is refused as the Client is made, the
+        # token unechoed: http.client's UnicodeEncodeError held the whole
+        # Authorization header ('Bearer s3cr3t€'), and a Latin-1 one would go
+        # as a byte the CLI (UTF-8) does not send.
+        for bad in ("s3cr3t\u20ac", "s3cr3t\xe9", "\u00a0s3cr3t\u3000x"):
+            with self.assertRaises(ValueError, msg=ascii(bad)) as cm:
+                plover.Client("http://h:1", token=bad)
+            self.assertNotIn("cr3t", str(cm.exception))
+            self.assertNotIn("cr3t", repr(cm.exception))
+            self.assertIn("outside ASCII", str(cm.exception))
+        self.assertEqual(plover.Client("http://h:1", token="a-Z_0.9~+/=!").token, "a-Z_0.9~+/=!")
+
 
 class DeployViaCLI(unittest.TestCase):
     """deploy runs the plover CLI: here a fake one that echoes what it got."""
