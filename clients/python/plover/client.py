@@ -41,7 +41,8 @@ class PloverError(Exception):
     Retry-After its message reported); retry_after: the seconds its Retry-After
     header asks the caller to wait before sending again (429 busy and
     rate_limited carry one, at least 1), else None. The client does not
-    retry by itself.
+    retry by itself. args is (status, code, message), kept so when any of
+    the three is set, so that repr says what str says.
     """
 
     def __init__(self, status, code, message, headers=None):
@@ -51,6 +52,24 @@ class PloverError(Exception):
         self.message = message
         self.headers = headers
         self.retry_after = _retry_after(headers)
+
+    # status, code and message are kept in args too, whenever one is set
+    # (the client adds to a message after parse_error made it), so that
+    # repr, pickling and %r logging say what str says.
+    def _field(name):
+        def get(self):
+            return self.__dict__.get(name)
+
+        def set_(self, v):
+            self.__dict__[name] = v
+            self.args = (self.status, self.code, self.message)
+
+        return property(get, set_)
+
+    status = _field("status")
+    code = _field("code")
+    message = _field("message")
+    del _field
 
     def __str__(self):
         if self.status is None:

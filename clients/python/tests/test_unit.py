@@ -399,6 +399,7 @@ class AgainstStub(unittest.TestCase):
             c.functions()
         self.assertEqual((cm.exception.status, cm.exception.code), (401, "unauthenticated"))
         self.assertIn("no token was sent", cm.exception.message)
+        self.assert_args_agree(cm.exception)
         self.assertNotIn("Authorization", Stub.requests[-1][2])
 
     def test_control_plane(self):
@@ -461,6 +462,14 @@ class AgainstStub(unittest.TestCase):
         self.assertEqual([r[2].get("Authorization") for r in Elsewhere.requests], [])
         self.assertEqual(cm.exception.status, 307)
         self.assertIn(Stub.elsewhere, cm.exception.message)
+        self.assert_args_agree(cm.exception)
+
+    def assert_args_agree(self, e):
+        # The message the client completed is the one in args, and so in
+        # repr (pytest, %r logging), not the server's bare one.
+        self.assertEqual(e.args, (e.status, e.code, e.message))
+        self.assertIn(repr(e.message), repr(e))
+        self.assertEqual(str(e), "%d %s: %s" % e.args)
 
     def test_threads_own_last(self):
         # Threads sharing a Client each read their own invoke's last_*.
