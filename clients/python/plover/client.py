@@ -298,12 +298,24 @@ def _check_token(token):
 # server's answer (a 504 saying why), as plover invoke --timeout does.
 INVOKE_GRACE = 2.0
 
+# plover serve's --max-timeout, in seconds: the longest deadline the server
+# keeps (a longer timeout_ms is cut to it), so the longest an invoke's wait
+# follows timeout_ms unless the Client is told otherwise (max_timeout=).
+DEFAULT_MAX_TIMEOUT = 600.0
+
+# The longest socket wait that holds: CPython hands poll() a C int of
+# milliseconds, and a longer wait wraps (4294967.4 s times out after 0.1 s)
+# or never ends.
+_LONGEST_WAIT = 2147483.0
+
 
 def _timeout_header(timeout_ms):
     """X-Plover-Timeout-Ms for timeout_ms: whole milliseconds, rounded up
     (as plover invoke --timeout rounds), at least 1; None for None."""
     if timeout_ms is None:
         return None
+    if isinstance(timeout_ms, bool):  # float(True) is 1.0: a 1 ms deadline
+        raise TypeError("timeout_ms must be a number of milliseconds, not a bool")
     t = float(timeout_ms)
     if not t > 0 or math.isinf(t):
         raise ValueError("timeout_ms must be a positive, finite number of milliseconds, not %r" % (timeout_ms,))
@@ -318,9 +330,13 @@ class Client:
     fragment or another scheme); token: the bearer token for a server with
     --auth-file (default $PLOVER_TOKEN); timeout: seconds to wait for the
     server, to connect and for each read of its answer (not a bound on the
-    whole request; an invoke with timeout_ms waits at least that deadline
-    plus 2 s); cafile: PEM CA certificates to trust for https, besides the
-    system's (default $PLOVER_CACERT).
+    whole request; an invoke with timeout_ms waits for its answer at least
+    that deadline plus 2 s, but connects within timeout); cafile: PEM CA
+    certificates to trust for https, besides the system's (default
+    $PLOVER_CACERT); max_timeout: the server's --max-timeout in seconds
+    (600, its default): the longest deadline an invoke's wait follows,
+    since the server cuts a longer timeout_ms to it (an invoke waits at
+    most max_timeout plus 2 s, or timeout if that is longer; None: no cap).
 
     After each invoke, last_timing ({"queue", "sched", "load", "copyin", "kernels",
     "copyout", "resolve", "dispatch", "total"}, and "handoff" and "handback",
@@ -335,13 +351,20 @@ class Client:
     and $no_proxy are honoured as urllib honours them.
     """
 
-    def __init__(self, url=None, token=None, timeout=60, cafile=None):
+    def __init__(self, url=None, token=None, timeout=60, cafile=None, max_timeout=DEFAULT_MAX_TIMEOUT):
         url = url or os.environ.get("PLOVER_SERVER") or DEFAULT_SERVER
         if "://" not in url:
             url = "http://" + url
         self.url = _check_url(url.rstrip("/"))
         self.token = _check_token(token if token is not None else (os.environ.get("PLOVER_TOKEN") or None))
         self.timeout = timeout
+        if max_timeout is not None:
+            if isinstance(max_timeout, bool):
+                raise TypeError("max_timeout must be a number of seconds or None, not a bool")
+            if not float(max_timeout) > 0 or math.isinf(float(max_timeout)):
+                raise ValueError("max_timeout must be a positive, finite number of seconds or None, not %r"
+                                 % (max_timeout,))
+        self.max_timeout = max_timeout
         self.cafile = cafile if cafile is not None else (os.environ.get("PLOVER_CACERT") or None)
         self._ssl = None
         if self.url.lower().startswith("https://"):
@@ -378,9 +401,9 @@ class Client:
     # -- transport ----------------------------------------------------------
 
     def _conn(self, wait):
-        """This thread's connection to the server (made on first use), its
-        socket timeout set to wait. http.client reconnects by itself when
-        the server closed it after an answer."""
+        """This thread's connection to the server (made on first use), to
+        connect within wait (the socket's timeout for the request is the
+        caller's to set)."""
         c = getattr(self._local, "conn", None)
         if c is not None and self._local.forks != _forks[0]:
             # Made before a fork: the parent's socket too. Two processes
@@ -401,8 +424,6 @@ class Client:
                 c = http.client.HTTPConnection(host, port, timeout=wait)
             self._local.conn, self._local.forks = c, _forks[0]
         c.timeout = wait
-        if c.sock is not None:
-            c.sock.settimeout(wait)
         return c
 
     def close(self):
@@ -431,9 +452,13 @@ class Client:
         server's close can still cross the request on the wire) is then
         sent once more, on a new connection; any other request raises
         PloverError "unreachable" saying that it may have run. The caller
-        decides whether to send it again."""
+        decides whether to send it again.
+
+        Connecting (a TLS handshake and a proxy's tunnel included) waits
+        self.timeout; sending the request and each read of the answer wait
+        wait (an invoke's deadline and a grace, when longer)."""
         for attempt in (0, 1):
-            c = self._conn(wait)
+            c = self._conn(self.timeout)
             reused = c.sock is not None
             if reused and _closed(c.sock):
                 c.close()
@@ -446,6 +471,7 @@ class Client:
                     c.close()
                     raise
             try:
+                c.sock.settimeout(wait)
                 c.request(method, target, body=body, headers=headers)
                 resp = c.getresponse()
                 data = resp.read()
@@ -466,8 +492,9 @@ class Client:
 
     def _request(self, method, path, body=None, content_type=None, headers=None, timeout=None):
         """Send a request; return (status, headers, body bytes) for a 2xx
-        answer and raise PloverError for any other. timeout: seconds, in
-        place of self.timeout."""
+        answer and raise PloverError for any other. timeout: seconds to
+        send the request and for each read of the answer, in place of
+        self.timeout (connecting always waits self.timeout)."""
         hdrs = {}
         if self.token:
             hdrs["Authorization"] = "Bearer " + self.token
@@ -482,12 +509,13 @@ class Client:
         try:
             resp, data = self._exchange(method, target, body, hdrs, wait)
         except (socket.timeout, TimeoutError) as e:
-            if _timed_out(e, wait) and not getattr(e, "plover_connected", True):
+            if not getattr(e, "plover_connected", True) and _timed_out(e, self.timeout):
                 raise PloverError(None, "timeout", "the request to the plover server at %s was not sent within %g s "
-                                  "(the client's wait)" % (self.url, wait)) from e
+                                  "(the client's wait to connect: its timeout)" % (self.url, self.timeout)) from e
             if _timed_out(e, wait):
                 raise PloverError(None, "timeout", "no answer from the plover server at %s within %g s (the client's "
-                                  "wait: its timeout, or an invoke's timeout_ms and a grace)" % (self.url, wait)) from e
+                                  "wait: its timeout, or an invoke's timeout_ms, at most max_timeout, and a grace)"
+                                  % (self.url, wait)) from e
             raise PloverError(None, "unreachable", "cannot reach the plover server at %s: %s" % (self.url, e)) from e
         except (OSError, http.client.HTTPException) as e:
             raise PloverError(None, "unreachable", "talking to the plover server at %s: %s"
@@ -512,15 +540,21 @@ class Client:
         return "/v1/functions/" + urllib.parse.quote(name, safe="")
 
     def _wait(self, ms):
-        """The socket timeout for an invoke with deadline ms (or None): the
-        client's timeout, but never less than the deadline plus
+        """The wait for the answer to an invoke with deadline ms (or None):
+        the client's timeout, but never less than the deadline plus
         INVOKE_GRACE, so that the server's answer, a 504 included, is
-        waited for."""
+        waited for; the deadline counted at most max_timeout, as the
+        server cuts it (else timeout_ms=1e12 would wait some 50 days for
+        an answer that comes, if ever, within max_timeout); with none, at
+        most _LONGEST_WAIT (some 24 days), the longest a socket keeps."""
         if ms is None:
             return None
         if self.timeout is None:
             return None
-        return max(self.timeout, ms / 1000.0 + INVOKE_GRACE)
+        deadline = ms / 1000.0
+        if self.max_timeout is not None:
+            deadline = min(deadline, float(self.max_timeout))
+        return max(self.timeout, min(deadline + INVOKE_GRACE, _LONGEST_WAIT))
 
     def _meta(self, headers):
         self.last_timing = parse_server_timing(headers.get("Server-Timing"))
@@ -539,7 +573,9 @@ class Client:
         (X-Plover-Timeout-Ms: rounded up to whole milliseconds; the
         server's --max-timeout caps it); the client then waits for the
         answer up to INVOKE_GRACE (2 s) past it even when that is longer
-        than the client's timeout. ValueError for timeout_ms <= 0.
+        than the client's timeout, the deadline counted at most the
+        Client's max_timeout (600 s); it connects within its timeout.
+        ValueError for timeout_ms <= 0, TypeError for a bool.
         """
         body = _input_bytes(data, "data")
         headers = {}

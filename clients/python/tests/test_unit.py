@@ -426,6 +426,67 @@ class AgainstStub(unittest.TestCase):
         self.assertEqual((cm.exception.status, cm.exception.code), (None, "timeout"), cm.exception)
         self.assertIn("within 0.5 s", cm.exception.message)
 
+    def test_timeout_ms_wait_capped(self):
+        # The server cuts a deadline to its --max-timeout (max_timeout, 600 s
+        # by default): the client's wait follows timeout_ms no further,
+        # rather than some 50 days for timeout_ms=1e12.
+        self.assertEqual(plover.Client(self.url, timeout=10)._wait(10**12), 602.0)
+        self.assertEqual(plover.Client(self.url, timeout=10)._wait(5000), 10)
+        self.assertEqual(plover.Client(self.url, timeout=10, max_timeout=None)._wait(900000), 902.0)
+        old = plover.client.INVOKE_GRACE
+        plover.client.INVOKE_GRACE = 0.1  # a short test: the stub answers after 1.5 s
+        self.addCleanup(setattr, plover.client, "INVOKE_GRACE", old)
+        c = plover.Client(self.url, token="secret", timeout=0.2, max_timeout=0.3)
+        self.addCleanup(c.close)
+        start = time.monotonic()
+        with self.assertRaises(PloverError) as cm:
+            c.invoke("slow", b"x", timeout_ms=1e12)
+        self.assertLess(time.monotonic() - start, 1.4)
+        self.assertEqual((cm.exception.status, cm.exception.code), (None, "timeout"), cm.exception)
+        self.assertIn("within 0.4 s", cm.exception.message)
+        self.assertEqual(Stub.requests[-1][2]["X-Plover-Timeout-Ms"], str(2**32 - 1))  # sent as asked
+        # With no cap, the wait stays one a socket keeps: 2**32-1 ms and the
+        # grace wrapped to 0.1 s (poll's milliseconds are a C int), and the
+        # answer after 1.5 s was missed.
+        c = plover.Client(self.url, token="secret", timeout=0.2, max_timeout=None)
+        self.addCleanup(c.close)
+        self.assertEqual(c.invoke("slow", b"late", timeout_ms=1e12), b"late")
+        for bad, err in ((0, ValueError), (-1, ValueError), (float("inf"), ValueError), (True, TypeError)):
+            with self.assertRaises(err, msg=bad):
+                plover.Client(self.url, max_timeout=bad)
+
+    def test_connect_waits_timeout(self):
+        # Connecting waits the client's timeout, not an invoke's stretched
+        # wait (602 s for a 10-minute deadline); the answer gets that.
+        waits = []
+        real = socket.create_connection
+
+        def create_connection(address, timeout=None, *args, **kw):
+            waits.append(timeout)
+            return real(address, timeout, *args, **kw)
+
+        socket.create_connection = create_connection  # read by http.client as a connection is made
+        self.addCleanup(setattr, socket, "create_connection", real)
+        c = plover.Client(self.url, token="secret", timeout=0.5)
+        self.addCleanup(c.close)
+        self.assertEqual(c.invoke("echo", b"x", timeout_ms=600000), b"x")
+        self.assertEqual(waits, [0.5])
+        self.assertEqual(c._local.conn.sock.gettimeout(), 602.0)
+        c.functions()  # the kept connection's next request waits timeout again
+        self.assertEqual(c._local.conn.sock.gettimeout(), 0.5)
+        self.assertEqual(waits, [0.5])
+
+    def test_timeout_ms_bool(self):
+        # float(True) is 1.0: a 1 ms deadline nobody meant.
+        n = len(Stub.requests)
+        for bad in (True, False):
+            with self.assertRaises(TypeError, msg=bad) as cm:
+                self.c.invoke("echo", b"x", timeout_ms=bad)
+            self.assertIn("timeout_ms", str(cm.exception))
+            with self.assertRaises(TypeError, msg=bad):
+                self.c.invoke_pyplover("echo", b"x", ["echo"], [1], [1], 1, timeout_ms=bad)
+        self.assertEqual(len(Stub.requests), n)  # nothing sent
+
     def test_timeout_ms_rounding(self):
         # Whole milliseconds, rounded up as plover invoke --timeout rounds: a
         # fraction is never cut to a shorter deadline, or to 0 (which the
