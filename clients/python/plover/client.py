@@ -451,8 +451,9 @@ class Client:
         the request and ran it: only a GET or HEAD on a kept connection (the
         server's close can still cross the request on the wire) is then
         sent once more, on a new connection; any other request raises
-        PloverError "unreachable" saying that it may have run. The caller
-        decides whether to send it again.
+        PloverError "unreachable" saying that it may have run, as does an
+        answer cut short (any method). The caller decides whether to send
+        it again.
 
         Connecting (a TLS handshake and a proxy's tunnel included) waits
         self.timeout; sending the request and each read of the answer wait
@@ -482,6 +483,13 @@ class Client:
                 raise PloverError(None, "unreachable", "the plover server at %s closed the connection before "
                                   "answering (%s): the %s request was sent and may have run"
                                   % (self.url, e or type(e).__name__, method)) from e
+            except http.client.IncompleteRead as e:
+                # The answer began and was cut: the request ran, or is
+                # running; never sent again.
+                c.close()
+                raise PloverError(None, "unreachable", "the plover server at %s closed the connection in the middle "
+                                  "of its answer (%s): the %s request was sent and may have run"
+                                  % (self.url, e, method)) from e
             except BaseException as e:
                 e.plover_connected = True
                 c.close()  # a half-read answer leaves the connection unusable

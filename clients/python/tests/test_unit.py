@@ -661,6 +661,39 @@ class CutAfterTheRequest(unittest.TestCase):
         self.assertEqual((cm.exception.status, cm.exception.code), (404, "not_found"), cm.exception)
         self.assertEqual(self.srv.arrived, ["GET /healthz", "GET /v1/functions/twice", "GET /v1/functions/twice"])
 
+    def test_answer_cut_short(self):
+        # An answer cut in its body (Content-Length 10, 3 bytes, then a
+        # close): the request reached the server and may have run, and is
+        # said so, not as a bare "unreachable" IncompleteRead.
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+        got = []
+
+        def serve():
+            while True:
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    return
+                got.append(conn.recv(65536))
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                             b"Content-Length: 10\r\n\r\nabc")
+                conn.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        self.addCleanup(srv.close)
+        with plover.Client("http://127.0.0.1:%d" % srv.getsockname()[1], timeout=5) as c:
+            for method, call in (("POST", lambda: c.invoke("fn", b"x")), ("GET", c.functions)):
+                with self.assertRaises(PloverError, msg=method) as cm:
+                    call()
+                e = cm.exception
+                self.assertEqual((e.status, e.code), (None, "unreachable"), e)
+                self.assertIn("in the middle of its answer", e.message)
+                self.assertIn("the %s request was sent and may have run" % method, e.message)
+                self.assertIn("3 bytes read", e.message)
+        self.assertEqual(len(got), 2, got)  # each sent once
+
     def test_new_connection_get_not_sent_again(self):
         # Cut on a new connection: nothing to blame on an idle close; once.
         with self.assertRaises(PloverError) as cm:
