@@ -80,7 +80,9 @@
  * request gets HTTP 500 with the message), plover_instance_init's fails the
  * instance creation; repeated failures back the function off like crashes.
  * Failures of fini and unload are ignored. On CUDA the runtime waits for the
- * hook's stream before it goes on. Hook time is part of the load time.
+ * hook's stream and the default streams (legacy, per-thread) before it goes
+ * on; work the hook put on streams of its own it must wait for itself.
+ * Hook time is part of the load time.
  * In a worker process (the default isolation) fini runs when the runtime
  * closes the instance. Unloading a version whose worker holds nothing else
  * ends that process, which frees everything, with no plover_unload; it runs
