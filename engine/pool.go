@@ -645,9 +645,11 @@ func (p *pool) carryTo(nv *version) *version {
 	p.mu.Lock()
 	nv.pool.crashes = slices.Clone(p.crashes)
 	nv.pool.crashCount.Store(int32(len(p.crashes)))
+	// Before next is published: a crash forwarded once it is may set
+	// the copy's back-off, which this must not overwrite.
+	nv.pool.backoffUntil.Store(p.backoffUntil.Load())
 	p.next = &nv.pool
 	p.mu.Unlock()
-	nv.pool.backoffUntil.Store(p.backoffUntil.Load())
 	return nv
 }
 

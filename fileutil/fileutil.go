@@ -143,7 +143,11 @@ func SyncDir(dir string) error {
 // Where a sync fails, the directories it made are removed again, those
 // still empty, so that the next call makes them and syncs again instead
 // of finding them there and taking them as durable. A directory another
-// process made just before, and has not synced yet, is taken as it is.
+// call made just before (in this process or another) and has not synced
+// yet is taken as it is: a write into it may be acknowledged before that
+// sync, or fail where that call's sync failed and it removed the
+// directory (helper-383's LOW, left: a lock here would be held across the
+// syncs).
 func MkdirAllDurable(dir string, perm os.FileMode) error {
 	if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
 		return nil

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/httpapi"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/objectstore"
 )
 
 // A large answer written after its handler returned keeps its token's
@@ -20,12 +22,29 @@ import (
 // with the handler's return, a token of concurrency 1 could have any
 // number of large answers held in the server for clients that read them
 // slowly. Once the answer is read to its end, the place is free for the
-// next request, on another connection.
+// next request, on another connection. So too for a name's first request
+// on a node (another node's deploy), which has no I/O turns yet and is
+// written without them (helper-383's LOW: its ticket went before it).
 func TestALargeAnswerHoldsItsTokensPlaceUntilWritten(t *testing.T) {
-	e := testkit.Engine(t, engine.Config{})
-	m := testkit.Manifest("big")
-	m.OutBytes = 32 << 20 // more than the loopback's socket buffers hold
-	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+	for _, elsewhere := range []bool{false, true} {
+		t.Run(map[bool]string{false: "deployed here", true: "first request on another node"}[elsewhere], func(t *testing.T) {
+			store, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := testkit.Engine(t, engine.Config{Store: store})
+			m := testkit.Manifest("big")
+			m.OutBytes = 32 << 20 // more than the loopback's socket buffers hold
+			testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+			if elsewhere {
+				e = testkit.Engine(t, engine.Config{Store: store})
+			}
+			holdsItsPlace(t, e, m.OutBytes)
+		})
+	}
+}
+
+func holdsItsPlace(t *testing.T, e *engine.Engine, size int64) {
 	tok, err := auth.NewToken()
 	if err != nil {
 		t.Fatal(err)
@@ -46,16 +65,15 @@ func TestALargeAnswerHoldsItsTokensPlaceUntilWritten(t *testing.T) {
 	if _, err := io.WriteString(slow, req); err != nil {
 		t.Fatal(err)
 	}
-	br := bufio.NewReader(slow)
-	resp, err := http.ReadResponse(br, nil) // the headers: the handler has returned
+	resp, err := http.ReadResponse(bufio.NewReader(slow), nil) // the headers: the handler has returned
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("the first request: %v %v", resp, err)
 	}
 	if code := oneExchange(t, addr, req); code != 429 {
 		t.Fatalf("a second request while the first's answer is unread: %d, want 429 (the token's one place held)", code)
 	}
-	if n, err := io.Copy(io.Discard, resp.Body); err != nil || n != m.OutBytes {
-		t.Fatalf("the first answer: %d bytes (%v), want %d", n, err, m.OutBytes)
+	if n, err := io.Copy(io.Discard, resp.Body); err != nil || n != size {
+		t.Fatalf("the first answer: %d bytes (%v), want %d", n, err, size)
 	}
 	if code := oneExchange(t, addr, req); code != 200 {
 		t.Fatalf("a request once the first answer is read: %d, want 200", code)

@@ -168,11 +168,13 @@ func (s *Server) answer(ctx *fasthttp.RequestCtx, b []byte, land call.Landing, t
 	ctx.Response.SetBodyStream(ab, len(b))
 }
 
-// pieceAnswer turns a response fasthttp holds in memory, when it is large
-// and its request has turns, into one written in them.
+// pieceAnswer turns a response fasthttp holds in memory, when it is large,
+// into an answer written after the handler returns: in its request's
+// turns where it has them, and in any case holding its token's place until
+// its last piece (a name's first request on a node has no turns yet).
 func (s *Server) pieceAnswer(ctx *fasthttp.RequestCtx, t turns) {
 	// IsBodyStream first: Body() would read a stream to its end.
-	if t.fl == nil || ctx.Response.IsBodyStream() || len(ctx.Response.Body()) < bigAnswer {
+	if ctx.Response.IsBodyStream() || len(ctx.Response.Body()) < bigAnswer {
 		return
 	}
 	s.answer(ctx, ctx.Response.SwapBody(nil), nil, t)
@@ -213,10 +215,21 @@ var errAnswerCut = errors.New("httpapi: the answer's writer panicked (logged as 
 func (ab *answerBody) write(w io.Writer) (int64, error) {
 	bw, ok := w.(*bufio.Writer) // fasthttp's, over the connection
 	if ab.t.fl == nil || len(ab.b) < bigAnswer || !ok {
+		// In two writes where it is large (a name's first request on a
+		// node has no flow yet): the ticket is let go before the last.
+		var n1 int
+		if len(ab.b) > bigAnswer {
+			var err error
+			if n1, err = w.Write(ab.b[:len(ab.b)-bigAnswer]); err != nil {
+				ab.b = ab.b[n1:]
+				return int64(n1), err
+			}
+			ab.b = ab.b[n1:]
+		}
 		ab.letGo()
 		n, err := w.Write(ab.b)
 		ab.b = ab.b[n:]
-		return int64(n), err
+		return int64(n1 + n), err
 	}
 	raw := ioshare.Waitable(ab.conn)
 	if raw {

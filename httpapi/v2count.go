@@ -36,8 +36,10 @@ type partFrame struct {
 // header may nest as deep as encoding/json allows, maxNesting, and no
 // deeper: a frame a bracket, a tensor's data nested 16 MiB deep took 1.6
 // GB to count (its values are not counted, so the limit never cut it; a
-// review's probe), before encoding/json refused it.
-func headerParts(b []byte, limit int) (n int, ok bool) {
+// review's probe), before encoding/json refused it. Values other than
+// data nested deeper than deep count as past limit (maxHeaderNesting for
+// /v2's header, which decodes parameters by recursion).
+func headerParts(b []byte, limit, deep int) (n int, ok bool) {
 	p := hdrParser{b: b}
 	var stack []partFrame
 	role := roleTop // the role of the value read next
@@ -60,7 +62,7 @@ func headerParts(b []byte, limit int) (n int, ok bool) {
 				if len(stack) >= maxNesting {
 					return n, false // decode's syntax check says why
 				}
-				if f.role != roleData && len(stack) >= maxHeaderNesting {
+				if f.role != roleData && len(stack) >= deep {
 					return limit + 1, true
 				}
 				stack = append(stack, f)
@@ -163,6 +165,6 @@ func tooManyValues(b []byte) bool {
 	if bytes.Count(b, []byte{','})+bytes.Count(b, []byte{'{'})+bytes.Count(b, []byte{'['}) < oip.MaxParts {
 		return false
 	}
-	n, ok := headerParts(b, oip.MaxParts)
+	n, ok := headerParts(b, oip.MaxParts, maxNesting) // /v1's fields are typed: no recursion to bound
 	return ok && n > oip.MaxParts
 }

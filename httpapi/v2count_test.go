@@ -81,3 +81,14 @@ func TestHeaderNestingBound(t *testing.T) {
 		})
 	}
 }
+
+// /v1's JSON body, whose fields are typed (nothing decoded by recursion),
+// takes no such bound: a body deep past it but within the values' bound
+// is refused for what it is, not as holding too many values.
+func TestV1BodyTakesNoHeaderNestingBound(t *testing.T) {
+	deep := strings.Repeat("[", maxHeaderNesting+2) + strings.Repeat("]", maxHeaderNesting+2)
+	body := `{"input":"` + strings.Repeat(",", oip.MaxParts+10) + `","chain":` + deep + `}`
+	if tooManyValues([]byte(body)) {
+		t.Fatalf("a /v1 body %d deep, its commas in a string: refused as too many values", maxHeaderNesting+2)
+	}
+}

@@ -113,7 +113,7 @@ func (h *inferHeader) read(header []byte) error {
 func (h *inferHeader) decode(header []byte) error {
 	// Counted first: encoding/json decodes what it is given, and a value
 	// of a few bytes takes a hundred in memory.
-	n, ok := headerParts(header, oip.MaxParts)
+	n, ok := headerParts(header, oip.MaxParts, maxHeaderNesting)
 	if h.over = ok && n > oip.MaxParts; h.over {
 		return errHeaderParts
 	}
