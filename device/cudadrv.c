@@ -121,10 +121,10 @@ CUresult plcu_device_count(const plcu_driver_t *d, int *n) {
   return d->cuDeviceGetCount(n);
 }
 
-CUresult plcu_device_open(const plcu_driver_t *d, int ordinal, CUdevice *dev,
-                          CUcontext *ctx, char *name, int namelen,
-                          size_t *total, int *prio_least, int *prio_greatest,
-                          const char **op) {
+/* What a device is without a context: its handle, name and memory. */
+static CUresult device_basics(const plcu_driver_t *d, int ordinal,
+                              CUdevice *dev, char *name, int namelen,
+                              size_t *total, const char **op) {
   CUresult e;
   if ((e = d->cuDeviceGet(dev, ordinal)) != PLCU_SUCCESS) {
     *op = "cuDeviceGet";
@@ -136,6 +136,18 @@ CUresult plcu_device_open(const plcu_driver_t *d, int ordinal, CUdevice *dev,
   }
   if ((e = d->cuDeviceTotalMem_v2(total, *dev)) != PLCU_SUCCESS) {
     *op = "cuDeviceTotalMem_v2";
+    return e;
+  }
+  return PLCU_SUCCESS;
+}
+
+CUresult plcu_device_open(const plcu_driver_t *d, int ordinal, CUdevice *dev,
+                          CUcontext *ctx, char *name, int namelen,
+                          size_t *total, int *prio_least, int *prio_greatest,
+                          const char **op) {
+  CUresult e;
+  if ((e = device_basics(d, ordinal, dev, name, namelen, total, op)) !=
+      PLCU_SUCCESS) {
     return e;
   }
   /* The primary context, never cuCtxCreate: it is the one the bundles'
@@ -162,16 +174,8 @@ CUresult plcu_device_info(const plcu_driver_t *d, int ordinal, CUdevice *dev,
                           const char **op) {
   CUresult e;
   *has_uuid = 0;
-  if ((e = d->cuDeviceGet(dev, ordinal)) != PLCU_SUCCESS) {
-    *op = "cuDeviceGet";
-    return e;
-  }
-  if ((e = d->cuDeviceGetName(name, namelen, *dev)) != PLCU_SUCCESS) {
-    *op = "cuDeviceGetName";
-    return e;
-  }
-  if ((e = d->cuDeviceTotalMem_v2(total, *dev)) != PLCU_SUCCESS) {
-    *op = "cuDeviceTotalMem_v2";
+  if ((e = device_basics(d, ordinal, dev, name, namelen, total, op)) !=
+      PLCU_SUCCESS) {
     return e;
   }
   if (d->cuDeviceGetUuid_v2 != NULL) {

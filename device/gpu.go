@@ -200,22 +200,28 @@ func (g *GPU) streamPriority(class string) int {
 	return g.prioLeast + (g.prioGreatest-g.prioLeast)/2
 }
 
+// openAll is a Kind's Open of every visible GPU by open (openGPUs, or
+// openBareGPUs), through the driver named ("": libcuda).
+func openAll(open func(string, int64, *slog.Logger) ([]*GPU, error)) func(string, int64, *slog.Logger) ([]Device, error) {
+	return func(driver string, limit int64, log *slog.Logger) ([]Device, error) {
+		if driver == "" {
+			driver = libcuda
+		}
+		gpus, err := open(driver, limit, log)
+		if err != nil {
+			return nil, err
+		}
+		devs := make([]Device, len(gpus))
+		for i, g := range gpus {
+			devs[i] = g
+		}
+		return devs, nil
+	}
+}
+
 func init() {
 	Register(Kind{Target: abi.TargetCUDA, Name: "CUDA",
-		Open: func(driver string, limit int64, log *slog.Logger) ([]Device, error) {
-			if driver == "" {
-				driver = libcuda
-			}
-			gpus, err := openGPUs(driver, limit, log)
-			if err != nil {
-				return nil, err
-			}
-			devs := make([]Device, len(gpus))
-			for i, g := range gpus {
-				devs[i] = g
-			}
-			return devs, nil
-		},
+		Open: openAll(openGPUs),
 		OpenOne: func(ordinal int, limit int64, driver string, log *slog.Logger) (Device, error) {
 			if driver == "" {
 				driver = libcuda
@@ -226,20 +232,7 @@ func init() {
 			}
 			return g, nil
 		},
-		OpenBare: func(driver string, limit int64, log *slog.Logger) ([]Device, error) {
-			if driver == "" {
-				driver = libcuda
-			}
-			gpus, err := openBareGPUs(driver, limit, log)
-			if err != nil {
-				return nil, err
-			}
-			devs := make([]Device, len(gpus))
-			for i, g := range gpus {
-				devs[i] = g
-			}
-			return devs, nil
-		},
+		OpenBare: openAll(openBareGPUs),
 		// Four runs at once, one kept for light functions: a run is
 		// mostly the GPU's, and copies overlap another's kernels.
 		Runs:    func() int { return 4 },
