@@ -43,14 +43,8 @@ func ListGPUs() ([]GPUInfo, error) {
 	// the process's one dynamic-linker lock, like every other dlopen.
 	var ret nvml.Return
 	loader.DL(func() { ret = nvml.Init() })
-	switch ret {
-	case nvml.SUCCESS:
-	case nvml.ERROR_LIBRARY_NOT_FOUND:
-		return nil, fmt.Errorf("%w: libnvidia-ml.so.1 not found", ErrNoDriver)
-	case nvml.ERROR_DRIVER_NOT_LOADED:
-		return nil, fmt.Errorf("%w: the kernel driver is not loaded", ErrNoDriver)
-	default:
-		return nil, fmt.Errorf("nvml init: %v", ret)
+	if err := nvmlInitError(ret); err != nil {
+		return nil, err
 	}
 	defer loader.DL(func() { nvml.Shutdown() })
 
@@ -95,4 +89,20 @@ func ListGPUs() ([]GPUInfo, error) {
 		gpus = append(gpus, info)
 	}
 	return gpus, nil
+}
+
+// nvmlInitError is NVML's Init's answer ret as an error, nil for success:
+// ErrNoDriver where the library or the kernel driver is missing (a
+// machine with the CUDA toolkit's libnvidia-ml and no GPU has the one and
+// not the other).
+func nvmlInitError(ret nvml.Return) error {
+	switch ret {
+	case nvml.SUCCESS:
+		return nil
+	case nvml.ERROR_LIBRARY_NOT_FOUND:
+		return fmt.Errorf("%w: libnvidia-ml.so.1 not found", ErrNoDriver)
+	case nvml.ERROR_DRIVER_NOT_LOADED:
+		return fmt.Errorf("%w: the kernel driver is not loaded", ErrNoDriver)
+	}
+	return fmt.Errorf("nvml init: %v", ret)
 }

@@ -62,12 +62,8 @@ func openNVMLMem(lib nvmlLib, uuid [16]byte) (*nvmlMem, error) {
 	// under the process's one dynamic-linker lock, like every other dlopen.
 	var ret nvml.Return
 	loader.DL(func() { ret = lib.Init() })
-	switch ret {
-	case nvml.SUCCESS:
-	case nvml.ERROR_LIBRARY_NOT_FOUND:
-		return nil, fmt.Errorf("%w: libnvidia-ml.so.1 not found", ErrNoDriver)
-	default:
-		return nil, fmt.Errorf("nvml init: %v", ret)
+	if err := nvmlInitError(ret); err != nil {
+		return nil, err
 	}
 	text := uuidText(uuid)
 	var why []string
