@@ -21,11 +21,16 @@ import (
 	"github.com/plover-run/plover/worker/contain"
 )
 
+// runFlags are plover run's flags.
+type runFlags struct {
+	in, out         string
+	repeat          int
+	asJSON, checked bool
+	timeout         time.Duration
+}
+
 func runCmd() *command {
-	var in, out string
-	var repeat int
-	var asJSON, checked bool
-	var timeout time.Duration
+	var f runFlags
 	return &command{
 		nargs: 1,
 		name:  "run", summary: "run a bundle's chain on an input in a worker process, on the CPU (no server), with timings",
@@ -33,95 +38,104 @@ func runCmd() *command {
 		example: "  plover run saxpy --in input.bin --out output.bin      # saxpy/build/host, built by plover build\n" +
 			"  plover run build/samples/vecadd-host --in build/samples/vecadd-input.bin --out /tmp/sum.bin --repeat 100",
 		flags: func(fs *flag.FlagSet) {
-			fs.StringVar(&in, "in", "", "input file, - for stdin (required)")
-			fs.StringVar(&out, "out", "-", "output file, - for stdout: written as plover invoke's --out is, opened before the run and given the output only once it is whole; a failed run, or one interrupted (^C, SIGTERM, SIGHUP) before its output is whole, leaves FILE as it was (one interrupted after that gives FILE the whole output, says so, and exits as the signal's status)")
-			fs.IntVar(&repeat, "repeat", 1, "run the chain N times on one instance and print min/median/p99 of each phase")
-			fs.BoolVar(&asJSON, "json", false, "print a JSON report to stdout instead: timings, and the output in base64 unless --out names a file")
-			fs.BoolVar(&checked, "checked", true, "catch an access past the end of in, tmp or out, naming the entry and the buffer (guard pages; --checked=false runs in place, as plover serve does by default)")
-			fs.DurationVar(&timeout, "timeout", 30*time.Second, "each run's deadline, as plover serve's --timeout: a chain still running then is stopped (its worker killed) and reported")
+			fs.StringVar(&f.in, "in", "", "input file, - for stdin (required)")
+			fs.StringVar(&f.out, "out", "-", "output file, - for stdout: written as plover invoke's --out is, opened before the run and given the output only once it is whole; a failed run, or one interrupted (^C, SIGTERM, SIGHUP) before its output is whole, leaves FILE as it was (one interrupted after that gives FILE the whole output, says so, and exits as the signal's status)")
+			fs.IntVar(&f.repeat, "repeat", 1, "run the chain N times on one instance and print min/median/p99 of each phase")
+			fs.BoolVar(&f.asJSON, "json", false, "print a JSON report to stdout instead: timings, and the output in base64 unless --out names a file")
+			fs.BoolVar(&f.checked, "checked", true, "catch an access past the end of in, tmp or out, naming the entry and the buffer (guard pages; --checked=false runs in place, as plover serve does by default)")
+			fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "each run's deadline, as plover serve's --timeout: a chain still running then is stopped (its worker killed) and reported")
 		},
-		run: func(_ *flag.FlagSet, args []string, env *Env) (err error) {
-			switch {
-			case in == "":
-				return usagef(env, "run", "--in FILE is required (- reads stdin)")
-			case repeat < 1:
-				return usagef(env, "run", "--repeat %d: want 1 or more", repeat)
-			case timeout <= 0:
-				return usagef(env, "run", "--timeout %v: want a positive duration", timeout)
-			case !asJSON && out == "-" && env.StdoutIsTerminal:
-				return usagef(env, "run", "the output is binary and stdout is a terminal: write it with --out FILE, or ask for --json")
-			}
-			dir, err := resolveBundle(args[0], abi.TargetHost, env)
-			if err != nil {
-				return err
-			}
-			input, err := readInput(in, env)
-			if err != nil {
-				return err
-			}
-			// Caught as invoke catches them (outSignals), from before --out
-			// is made until it is committed: caught only during the run,
-			// they left the temporary file (and a FILE made for the output)
-			// when they came before or after it.
-			sigs := catchSignals()
-			defer sigs.release() // after the deferred abort
-			defer func() { err = sigs.status(err) }()
-			// Opened before the run and written as invoke's --out is
-			// (outfile.go): a FILE that cannot be written fails first, and
-			// one written fails whole or not at all.
-			var of *outFile
-			if out != "-" {
-				if of, err = createOut(out, env); err != nil {
-					return err
-				}
-				defer of.abort()
-			}
-			// Caught to the end of the run, whatever the output: none of
-			// it is written before then, and a second ^C ended the run's
-			// clean-up midway, its stage left behind. Written through
-			// (a FIFO, a device), it is caught once again from the write.
-			sigs.hold()
-			if of != nil && of.whole() {
-				sigs.pending(of)
-			}
-			rep, output, err := runLocal(sigs.ctx, dir, input, repeat, timeout, checked, env.Stderr)
-			if of != nil && !of.whole() {
-				sigs.pending(of)
-			}
-			if err != nil && of != nil && of.whole() && sigs.ctx.Err() != nil {
-				return fmt.Errorf("%w (--out %s left as it was)", err, out)
-			}
-			if err != nil {
-				return err
-			}
-			if of != nil {
-				if _, err := of.Write(output); err != nil {
-					return fmt.Errorf("--out %s: %w", out, err)
-				}
-				if err := sigs.commit(of); err != nil {
-					return err
-				}
-			}
-			// What is left to write has nothing to clean up after it: a
-			// signal, or a reader of stdout gone, may end it as it would
-			// any command.
-			sigs.release()
-			if asJSON {
-				printWarnings(env.Stderr, rep.Warnings) // also where a person sees them
-				if out == "-" {
-					rep.Output = output
-				}
-				return printJSON(env.Stdout, rep)
-			}
-			if out == "-" {
-				if _, err := env.Stdout.Write(output); err != nil {
-					return err
-				}
-			}
-			rep.print(env.Stderr)
-			return nil
-		},
+		run: func(_ *flag.FlagSet, args []string, env *Env) error { return f.run(args[0], env) },
 	}
+}
+
+// run is plover run of the bundle at arg.
+func (f *runFlags) run(arg string, env *Env) (err error) {
+	switch {
+	case f.in == "":
+		return usagef(env, "run", "--in FILE is required (- reads stdin)")
+	case f.repeat < 1:
+		return usagef(env, "run", "--repeat %d: want 1 or more", f.repeat)
+	case f.timeout <= 0:
+		return usagef(env, "run", "--timeout %v: want a positive duration", f.timeout)
+	case !f.asJSON && f.out == "-" && env.StdoutIsTerminal:
+		return usagef(env, "run", "the output is binary and stdout is a terminal: write it with --out FILE, or ask for --json")
+	}
+	dir, err := resolveBundle(arg, abi.TargetHost, env)
+	if err != nil {
+		return err
+	}
+	input, err := readInput(f.in, env)
+	if err != nil {
+		return err
+	}
+	// Caught as invoke catches them (outSignals), from before --out
+	// is made until it is committed: caught only during the run,
+	// they left the temporary file (and a FILE made for the output)
+	// when they came before or after it.
+	sigs := catchSignals()
+	defer sigs.release() // after the deferred abort
+	defer func() { err = sigs.status(err) }()
+	// Opened before the run and written as invoke's --out is
+	// (outfile.go): a FILE that cannot be written fails first, and
+	// one written fails whole or not at all.
+	var of *outFile
+	if f.out != "-" {
+		if of, err = createOut(f.out, env); err != nil {
+			return err
+		}
+		defer of.abort()
+	}
+	// Caught to the end of the run, whatever the output: none of
+	// it is written before then, and a second ^C ended the run's
+	// clean-up midway, its stage left behind. Written through
+	// (a FIFO, a device), it is caught once again from the write.
+	sigs.hold()
+	if of != nil && of.whole() {
+		sigs.pending(of)
+	}
+	rep, output, err := runLocal(sigs.ctx, dir, input, f.repeat, f.timeout, f.checked, env.Stderr)
+	if of != nil && !of.whole() {
+		sigs.pending(of)
+	}
+	if err != nil && of != nil && of.whole() && sigs.ctx.Err() != nil {
+		return fmt.Errorf("%w (--out %s left as it was)", err, f.out)
+	}
+	if err != nil {
+		return err
+	}
+	if of != nil {
+		if _, err := of.Write(output); err != nil {
+			return fmt.Errorf("--out %s: %w", f.out, err)
+		}
+		if err := sigs.commit(of); err != nil {
+			return err
+		}
+	}
+	// What is left to write has nothing to clean up after it: a
+	// signal, or a reader of stdout gone, may end it as it would
+	// any command.
+	sigs.release()
+	return f.report(rep, output, env)
+}
+
+// report writes the run's report: JSON to stdout, or the output to stdout
+// (without --out) and the timings to stderr.
+func (f *runFlags) report(rep *runReport, output []byte, env *Env) error {
+	if f.asJSON {
+		printWarnings(env.Stderr, rep.Warnings) // also where a person sees them
+		if f.out == "-" {
+			rep.Output = output
+		}
+		return printJSON(env.Stdout, rep)
+	}
+	if f.out == "-" {
+		if _, err := env.Stdout.Write(output); err != nil {
+			return err
+		}
+	}
+	rep.print(env.Stderr)
+	return nil
 }
 
 // loadTimeout is the least time plover run gives a worker to start and

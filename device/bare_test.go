@@ -3,6 +3,7 @@ package device
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -113,15 +114,7 @@ func TestFakeBareMemInfoFailure(t *testing.T) {
 	m := &fakeMem{free: 100, total: 1 << 30}
 	withMemReader(t, func([16]byte) (memReader, error) { return m, nil })
 	log, buf := newLog()
-	gpus, err := openBareGPUs(fakeLib(t), 0, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, g := range gpus {
-			g.Close()
-		}
-	}()
+	gpus := openBareFake(t, log)
 	g := gpus[0]
 	m.err = errors.New("nvml GPU-x memory: ERROR_GPU_IS_LOST")
 	for i := 0; i < 3; i++ {
@@ -146,15 +139,7 @@ func TestFakeBareOpenWithoutNVMLHoldsAContextAndSaysSo(t *testing.T) {
 	})
 	before := atomic.LoadInt64(retains)
 	log, buf := newLog()
-	gpus, err := openBareGPUs(fakeLib(t), 0, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, g := range gpus {
-			g.Close()
-		}
-	}()
+	gpus := openBareFake(t, log)
 	if got := atomic.LoadInt64(retains) - before; got != int64(len(gpus)) {
 		t.Errorf("%d contexts retained for %d GPUs, want one each", got, len(gpus))
 	}
@@ -289,4 +274,19 @@ func TestGPUBareOpen(t *testing.T) {
 			t.Errorf("%s: a bare GPU loaded a program", g.Name())
 		}
 	}
+}
+
+// openBareFake opens the fake driver's GPUs bare, closed as the test ends.
+func openBareFake(t *testing.T, log *slog.Logger) []*GPU {
+	t.Helper()
+	gpus, err := openBareGPUs(fakeLib(t), 0, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, g := range gpus {
+			g.Close()
+		}
+	})
+	return gpus
 }

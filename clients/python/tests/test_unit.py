@@ -32,6 +32,30 @@ except ImportError:
 TIMING = "queue;dur=0.012, sched;dur=0.001, load;dur=0.000, copyin;dur=0.004, kernels;dur=1.250, copyout;dur=0.003, resolve;dur=0.002, dispatch;dur=0.029, handoff;dur=0.011, handback;dur=0.009, total;dur=1.301"
 
 
+def raw_server(test, answer):
+    """A loopback server that reads each request once, writes answer (b"":
+    nothing) and closes; returns its URL and the list of what it read."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    got = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            got.append(conn.recv(65536))
+            if answer:
+                conn.sendall(answer)
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    test.addCleanup(srv.close)
+    return "http://127.0.0.1:%d" % srv.getsockname()[1], got
+
+
 class ParseServerTiming(unittest.TestCase):
     def test_server_format(self):
         self.assertEqual(parse_server_timing(TIMING), {
@@ -268,23 +292,8 @@ class AgainstStub(unittest.TestCase):
     def test_no_answer_is_not_sent_again(self):
         # A new connection closed without an answer: unreachable, the request
         # sent once (only a kept connection's request is sent again).
-        srv = socket.socket()
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(4)
-        got = []
-
-        def serve():
-            while True:
-                try:
-                    conn, _ = srv.accept()
-                except OSError:
-                    return
-                got.append(conn.recv(65536))
-                conn.close()
-
-        threading.Thread(target=serve, daemon=True).start()
-        self.addCleanup(srv.close)
-        with plover.Client("http://127.0.0.1:%d" % srv.getsockname()[1], timeout=5) as c:
+        url, got = raw_server(self, b"")
+        with plover.Client(url, timeout=5) as c:
             with self.assertRaises(PloverError) as cm:
                 c.invoke("echo", b"once")
         self.assertEqual((cm.exception.status, cm.exception.code), (None, "unreachable"), cm.exception)
@@ -665,25 +674,9 @@ class CutAfterTheRequest(unittest.TestCase):
         # An answer cut in its body (Content-Length 10, 3 bytes, then a
         # close): the request reached the server and may have run, and is
         # said so, not as a bare "unreachable" IncompleteRead.
-        srv = socket.socket()
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(4)
-        got = []
-
-        def serve():
-            while True:
-                try:
-                    conn, _ = srv.accept()
-                except OSError:
-                    return
-                got.append(conn.recv(65536))
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
-                             b"Content-Length: 10\r\n\r\nabc")
-                conn.close()
-
-        threading.Thread(target=serve, daemon=True).start()
-        self.addCleanup(srv.close)
-        with plover.Client("http://127.0.0.1:%d" % srv.getsockname()[1], timeout=5) as c:
+        url, got = raw_server(self, b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                                    b"Content-Length: 10\r\n\r\nabc")
+        with plover.Client(url, timeout=5) as c:
             for method, call in (("POST", lambda: c.invoke("fn", b"x")), ("GET", c.functions)):
                 with self.assertRaises(PloverError, msg=method) as cm:
                     call()
