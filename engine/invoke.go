@@ -148,8 +148,24 @@ func (v *version) unready(now time.Time) error {
 // version loaded if cold, its input checked), and its batcher or its run
 // pool runs it.
 func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.Request, t0, deadline time.Time) (err error) {
-	// Counted when it ends (stats): Total is its time once it succeeded.
-	defer func() { f.stats.ended(err, req.Timing.Total) }()
+	// Counted when it ends (stats): Total is its time once it succeeded. A
+	// panic on the way (a device's or a store's Go bug) goes on up to the
+	// transport, which answers it 500: counted as that, not as the success
+	// its nil err would read as.
+	returned := false
+	defer func() {
+		if !returned {
+			err = errdefs.ErrPanicked
+		}
+		f.stats.ended(err, req.Timing.Total)
+	}()
+	err = e.invokeOn(ctx, f, v, req, t0, deadline)
+	returned = true
+	return err
+}
+
+// invokeOn is invoke's work, counted by invoke.
+func (e *Engine) invokeOn(ctx context.Context, f *function, v *version, req *call.Request, t0, deadline time.Time) (err error) {
 	if err := v.pool.backingOff(t0); err != nil {
 		return err
 	}

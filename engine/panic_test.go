@@ -56,6 +56,11 @@ func TestRunThatPanicsClosesItsInstance(t *testing.T) {
 			if err != nil || fi.Busy != 0 || fi.Idle != 0 {
 				t.Fatalf("after the panic: %d instances busy, %d idle (%v), want none", fi.Busy, fi.Idle, err)
 			}
+			// Its transport answers the panic 500: plover ls counts it so,
+			// not as a success.
+			if fi.Requests != 2 || fi.Errors != 1 || fi.ClientErrors != 0 {
+				t.Errorf("after the panic: %d requests, %d errors, %d client errors, want 2, 1, 0", fi.Requests, fi.Errors, fi.ClientErrors)
+			}
 			if p, err := invoke(item(2, 0)); err != nil || p != nil {
 				t.Fatalf("the next request: %v, panic %v", err, p)
 			}

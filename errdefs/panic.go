@@ -34,3 +34,9 @@ func Recovered(v any) *Panic {
 	}
 	return &Panic{Value: v, Stack: debug.Stack()}
 }
+
+// ErrPanicked is what a request whose work panicked is counted as (plover
+// ls, a function's errors), the panic going on up to its transport, which
+// answers it 500: counted when it ended, as the success a nil error reads
+// as, it was not counted as a failure at all.
+var ErrPanicked = New(KindInternal, nil, "the request's work panicked")

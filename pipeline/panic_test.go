@@ -49,6 +49,10 @@ func TestPanicInAParallelBranchReachesTheRequest(t *testing.T) {
 	if closed := dev.Closed.Load(); closed != 1 {
 		t.Errorf("%d instances closed, want the panicked run's", closed)
 	}
+	// Its transport answers the panic 500: plover ls counts it so.
+	if fi, err := e.Control().Function(context.Background(), "p"); err != nil || fi.Requests != 2 || fi.Errors != 1 {
+		t.Errorf("the pipeline's counts: %d requests, %d errors (%v), want 2 and 1", fi.Requests, fi.Errors, err)
+	}
 }
 
 // A request that panics (its device's bug, raised again to its transport)

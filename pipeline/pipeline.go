@@ -237,7 +237,15 @@ func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error 
 	}
 	x := run{r: p.r, pl: p.plan, deadline: req.Deadline, gone: req.Gone, t0: t0}
 	req.Start, req.BatchSize, req.Version = call.Hot, 0, p.top.Version().ID
-	// A request refused room is counted as one that ran and failed.
+	// A request refused room is counted as one that ran and failed; one
+	// that panicked (a step's device bug, raised again here) as the 500 its
+	// transport answers.
+	counted := false
+	defer func() {
+		if !counted {
+			p.top.Account(time.Since(t0), errdefs.ErrPanicked)
+		}
+	}()
 	out := req.Output[:0]
 	var waited time.Duration
 	err := p.inputFits(len(req.Input))
@@ -268,6 +276,7 @@ func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error 
 	}
 	t.Total = time.Since(t0)
 	req.Timing = t
+	counted = true
 	p.top.Account(t.Total, err)
 	return err
 }

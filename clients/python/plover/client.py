@@ -309,6 +309,20 @@ DEFAULT_MAX_TIMEOUT = 600.0
 _LONGEST_WAIT = 2147483.0
 
 
+def _seconds(name, v):
+    """v, a Client's wait in seconds named name, as a float (None for None);
+    a bool, zero (a socket that never waits), a negative, an infinite or a
+    NaN one refused."""
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        raise TypeError("%s must be a number of seconds or None, not a bool" % name)
+    f = float(v)
+    if not f > 0 or math.isinf(f):
+        raise ValueError("%s must be a positive, finite number of seconds or None, not %r" % (name, v))
+    return f
+
+
 def _timeout_header(timeout_ms):
     """X-Plover-Timeout-Ms for timeout_ms: whole milliseconds, rounded up
     (as plover invoke --timeout rounds), at least 1; None for None."""
@@ -357,13 +371,12 @@ class Client:
             url = "http://" + url
         self.url = _check_url(url.rstrip("/"))
         self.token = _check_token(token if token is not None else (os.environ.get("PLOVER_TOKEN") or None))
-        self.timeout = timeout
-        if max_timeout is not None:
-            if isinstance(max_timeout, bool):
-                raise TypeError("max_timeout must be a number of seconds or None, not a bool")
-            if not float(max_timeout) > 0 or math.isinf(float(max_timeout)):
-                raise ValueError("max_timeout must be a positive, finite number of seconds or None, not %r"
-                                 % (max_timeout,))
+        # A longer wait than a socket keeps would wrap to a short one: cut
+        # to it (some 24 days, a wait without end in practice).
+        self.timeout = _seconds("timeout", timeout)
+        if self.timeout is not None:
+            self.timeout = min(self.timeout, _LONGEST_WAIT)
+        _seconds("max_timeout", max_timeout)
         self.max_timeout = max_timeout
         self.cafile = cafile if cafile is not None else (os.environ.get("PLOVER_CACERT") or None)
         self._ssl = None

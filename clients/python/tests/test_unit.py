@@ -463,6 +463,20 @@ class AgainstStub(unittest.TestCase):
         for bad, err in ((0, ValueError), (-1, ValueError), (float("inf"), ValueError), (True, TypeError)):
             with self.assertRaises(err, msg=bad):
                 plover.Client(self.url, max_timeout=bad)
+            # timeout=0 made every socket non-blocking: each request failed
+            # with a bare BlockingIOError.
+            with self.assertRaises(err, msg=bad):
+                plover.Client(self.url, timeout=bad)
+        self.assertIsNone(plover.Client(self.url, timeout=None).timeout)
+
+    def test_long_timeout_waits(self):
+        # A timeout past the longest wait a socket keeps (poll's C int of
+        # milliseconds) wrapped to a short one: 4294967.4 s timed out after
+        # 0.1 s. It is cut to that longest wait instead.
+        c = plover.Client(self.url, token="secret", timeout=4294967.4, max_timeout=None)
+        self.addCleanup(c.close)
+        self.assertLessEqual(c.timeout, 2147483.0)
+        self.assertEqual(c.invoke("slow", b"late"), b"late")
 
     def test_connect_waits_timeout(self):
         # Connecting waits the client's timeout, not an invoke's stretched
