@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"iter"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 )
 
@@ -142,28 +144,59 @@ func SyncDir(dir string) error {
 //
 // Where a sync fails, the directories it made are removed again, those
 // still empty, so that the next call makes them and syncs again instead
-// of finding them there and taking them as durable. A directory another
-// call made just before (in this process or another) and has not synced
-// yet is taken as it is: a write into it may be acknowledged before that
-// sync, or fail where that call's sync failed and it removed the
-// directory (helper-383's LOW, left: a lock here would be held across the
-// syncs).
+// of finding them there and taking them as durable. A call that finds its
+// directory, or one above it, being made by another call in this process
+// waits until that call's syncs end, and looks again: where they failed,
+// it makes and syncs the directory itself. What is left: a directory
+// another process made and has not synced yet is taken as it is (a write
+// into it may be acknowledged before that sync, or fail where that
+// process's sync failed and it removed the directory), and so is one this
+// process makes by another path (through a symbolic link) or other than
+// through MkdirAllDurable, and one a MkdirAll that failed partway made
+// and left. The wait takes no context: it lasts as long as the other
+// call's mkdirs and syncs.
 func MkdirAllDurable(dir string, perm os.FileMode) error {
-	if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
-		return nil
+	dir = filepath.Clean(dir)
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs // a relative spelling is still the directory another call makes
 	}
-	var made []string // what MkdirAll will make, the deepest first
-	for d := filepath.Clean(dir); ; {
+	for {
+		seen := makes.generation()
+		fi, err := os.Stat(dir)
+		present := err == nil && fi.IsDir()
+		var todo []string
+		if !present {
+			todo = missing(dir)
+		}
+		m, busy := makes.claim(dir, todo, seen)
+		switch {
+		case busy != nil:
+			awaitMaker(busy)
+		case m != nil:
+			return makes.settle(m, mkdirSynced(dir, perm, todo))
+		case present:
+			return nil
+		default:
+			return os.MkdirAll(dir, perm) // nothing missing: it says what is in the way
+		}
+	}
+}
+
+// missing is what MkdirAll will make of dir, the deepest first.
+func missing(dir string) []string {
+	var todo []string
+	for d := range upFrom(dir) {
 		if _, err := os.Lstat(d); !errors.Is(err, fs.ErrNotExist) {
 			break // there, or unreadable: MkdirAll says which
 		}
-		made = append(made, d)
-		up := filepath.Dir(d)
-		if up == d {
-			break
-		}
-		d = up
+		todo = append(todo, d)
 	}
+	return todo
+}
+
+// mkdirSynced makes dir and syncs the parent of each of made, removing
+// made again where a sync fails.
+func mkdirSynced(dir string, perm os.FileMode, made []string) error {
 	if err := os.MkdirAll(dir, perm); err != nil {
 		return err
 	}
@@ -176,6 +209,98 @@ func MkdirAllDurable(dir string, perm os.FileMode) error {
 		}
 	}
 	return nil
+}
+
+// upFrom yields dir, then each directory above it up to the root.
+func upFrom(dir string) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for {
+			if !yield(dir) {
+				return
+			}
+			up := filepath.Dir(dir)
+			if up == dir {
+				return
+			}
+			dir = up
+		}
+	}
+}
+
+// makes holds the directories this process's MkdirAllDurable calls have
+// claimed and not yet synced.
+var makes = registry{pending: map[string]*making{}}
+
+// registry's lock guards the map and the count alone: the mkdirs and
+// syncs run outside it, each making's done channel telling its waiters
+// when they have ended.
+type registry struct {
+	mu sync.Mutex
+	// pending is keyed by the topmost directory a call makes: every other
+	// one it makes is below it, on the way to the directory asked for.
+	pending map[string]*making
+	// failed counts the makes that failed, and may have removed what they
+	// made. A call that saw a directory there and finds no making of it
+	// pending cannot tell one that synced from one that failed and
+	// removed the directory after the stat; the count moved says the
+	// latter may have happened, and to look again.
+	failed uint64
+}
+
+type making struct {
+	top  string
+	done chan struct{} // closed once the syncs have ended, either way
+}
+
+// lookAgain is a wait that is already over: a claim made on a stale
+// look at the disk is retried at once.
+var lookAgain = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// awaitMaker waits for another call's making to end (tests watch it).
+var awaitMaker = func(done <-chan struct{}) { <-done }
+
+func (r *registry) generation() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failed
+}
+
+// claim decides for a call that looked at the disk while r.failed was
+// seen, and found todo missing of dir: it is to wait on the channel
+// returned (a making of dir or of one above it is pending, or a make
+// failed since the look), to make todo under the making returned, or,
+// with neither, to make nothing of its own.
+func (r *registry) claim(dir string, todo []string, seen uint64) (*making, <-chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failed != seen {
+		return nil, lookAgain
+	}
+	for d := range upFrom(dir) {
+		if m := r.pending[d]; m != nil {
+			return nil, m.done
+		}
+	}
+	if len(todo) == 0 {
+		return nil, nil
+	}
+	m := &making{top: todo[len(todo)-1], done: make(chan struct{})}
+	r.pending[m.top] = m
+	return m, nil
+}
+
+// settle ends m with err, which it returns. A failed make counts before
+// its waiters wake, so that one which saw its directory before the
+// removal does not take it as there.
+func (r *registry) settle(m *making, err error) error {
+	r.mu.Lock()
+	delete(r.pending, m.top)
+	if err != nil {
+		r.failed++
+	}
+	r.mu.Unlock()
+	close(m.done)
+	return err
 }
 
 // ErrNotDurable is a Replace that failed after its rename: the file

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"testing/iotest"
@@ -235,6 +236,160 @@ func TestMkdirAllDurableSyncFails(t *testing.T) {
 	syncDir = func(f *os.File) error { return &os.PathError{Op: "sync", Path: f.Name(), Err: syscall.EINVAL} }
 	if err := MkdirAllDurable(filepath.Join(root, "a", "b"), 0o755); err != nil {
 		t.Errorf("sync unsupported (EINVAL): %v, want nil", err)
+	}
+}
+
+// A call that finds its directory, or one above it, made by another call
+// whose sync has not ended waits for that sync instead of taking the
+// directory as durable: a write into it would be acknowledged before the
+// entry is, or go into a directory the other call removes when its sync
+// fails. Where that sync failed, the waiting call makes the directory and
+// syncs it itself, and its own sync's failure is its error.
+func TestMkdirAllDurableWaitsForAnotherCall(t *testing.T) {
+	defer func(f func(*os.File) error, w func(<-chan struct{})) { syncDir, awaitMaker = f, w }(syncDir, awaitMaker)
+	for _, tt := range []struct {
+		name               string
+		below              string // the second call's directory, below the first's
+		relative           bool   // the second call names it from the working directory
+		firstErr, laterErr error  // the first call's first sync, every sync after it
+	}{
+		{"the same directory, synced", "", false, nil, nil},
+		{"a directory below, synced", "c", false, nil, nil},
+		{"the same directory by a relative path", "", true, nil, nil},
+		{"the same directory, its sync failed", "", false, syscall.EIO, nil},
+		{"a directory below, its sync failed", "c", false, syscall.EIO, nil},
+		{"a relative path, its sync failed", "c", true, syscall.EIO, nil},
+		{"its sync failed, and the second call's own", "", false, syscall.EIO, syscall.ENOSPC},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			root := t.TempDir()
+			first := filepath.Join(root, "a", "b")
+			second := filepath.Join(first, tt.below)
+			if tt.relative {
+				t.Chdir(root)
+				second = filepath.Join("a", "b", tt.below)
+			}
+			entered, release := make(chan struct{}), make(chan struct{})
+			var mu sync.Mutex
+			var syncs int
+			var later []string // synced after the first call's first sync
+			syncDir = func(f *os.File) error {
+				mu.Lock()
+				syncs++
+				firstSync := syncs == 1
+				if !firstSync {
+					later = append(later, f.Name())
+				}
+				mu.Unlock()
+				err := tt.laterErr
+				if firstSync {
+					close(entered)
+					<-release
+					err = tt.firstErr
+				}
+				if err != nil {
+					return &os.PathError{Op: "sync", Path: f.Name(), Err: err}
+				}
+				return f.Sync()
+			}
+			waiting := make(chan struct{}, 1)
+			awaitMaker = func(done <-chan struct{}) {
+				select {
+				case waiting <- struct{}{}:
+				default:
+				}
+				<-done
+			}
+			var calls sync.WaitGroup
+			var firstErr error
+			secondDone := make(chan error, 1)
+			let := sync.OnceFunc(func() { close(release) })
+			defer func() { let(); calls.Wait() }() // the hooks go back once both calls have ended
+			calls.Go(func() { firstErr = MkdirAllDurable(first, 0o755) })
+			<-entered
+			calls.Go(func() { secondDone <- MkdirAllDurable(second, 0o755) })
+			// Either the second call returns or it waits: whichever it does
+			// is seen, so a call returning at once fails here every time.
+			select {
+			case err := <-secondDone:
+				t.Fatalf("the second call returned (%v) while the first call's sync had not ended", err)
+			case <-waiting:
+			}
+			let()
+			calls.Wait()
+			if !errors.Is(firstErr, tt.firstErr) {
+				t.Fatalf("first call: %v, want %v", firstErr, tt.firstErr)
+			}
+			err := <-secondDone
+			if !errors.Is(err, tt.laterErr) {
+				t.Fatalf("second call: %v, want its own sync's %v", err, tt.laterErr)
+			}
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if fi, err := os.Stat(second); err != nil || !fi.IsDir() || !slices.Contains(later, root) {
+				t.Errorf("second call: nil, but %s is %v (%v), and %q synced after the first's sync; want it there and %s among them", second, fi, err, later, root)
+			}
+		})
+	}
+}
+
+// claim tells a call that looked at the disk to wait where a making of its
+// directory or of one above it is pending, or where a make failed since
+// the look (it may have removed what the look saw), and otherwise to make
+// what was missing, or nothing.
+func TestRegistryClaim(t *testing.T) {
+	failOther := func(r *registry) {
+		m, _ := r.claim("/z", []string{"/z"}, r.generation())
+		r.settle(m, syscall.EIO)
+	}
+	syncOther := func(r *registry) {
+		m, _ := r.claim("/z", []string{"/z"}, r.generation())
+		r.settle(m, nil)
+	}
+	for _, tt := range []struct {
+		name    string
+		pending []string          // tops claimed by other calls, not settled
+		since   func(r *registry) // between the look and the claim
+		dir     string
+		todo    []string // what the look found missing
+		want    string   // "wait", "make" or "none"
+	}{
+		{"nothing pending, nothing missing", nil, nil, "/r/a", nil, "none"},
+		{"nothing pending, missing", nil, nil, "/r/a/b", []string{"/r/a/b", "/r/a"}, "make"},
+		{"its directory pending", []string{"/r/a"}, nil, "/r/a", nil, "wait"},
+		{"one above it pending", []string{"/r"}, nil, "/r/a/b", []string{"/r/a/b"}, "wait"},
+		{"one beside it pending", []string{"/r/x"}, nil, "/r/a", nil, "none"},
+		{"one below it pending", []string{"/r/a/b"}, nil, "/r/a", nil, "none"},
+		{"a make failed since the look", nil, failOther, "/r/a", nil, "wait"},
+		{"a make synced since the look", nil, syncOther, "/r/a", nil, "none"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &registry{pending: map[string]*making{}}
+			for _, top := range tt.pending {
+				r.claim(top, []string{top}, r.generation())
+			}
+			seen := r.generation()
+			if tt.since != nil {
+				tt.since(r)
+			}
+			m, wait := r.claim(tt.dir, tt.todo, seen)
+			got := "none"
+			switch {
+			case wait != nil:
+				got = "wait"
+			case m != nil:
+				got = "make"
+				if top := tt.todo[len(tt.todo)-1]; m.top != top || r.pending[top] != m {
+					t.Errorf("made under %q, pending %v; want it pending under %q", m.top, r.pending, top)
+				}
+			}
+			if got != tt.want {
+				t.Errorf("claim: %s, want %s", got, tt.want)
+			}
+		})
 	}
 }
 
