@@ -9,8 +9,9 @@ import (
 // A batch flood whose backlog is deeper than MaxWait: every batch head is
 // past MaxWait, and a starved lower class went first at every pick, so
 // the latency run (queued first, the oldest run of all) never went. A
-// starved run now goes first only if it waited longer than the served
-// class's pick.
+// class held back past MaxWait now has a turn, and its next only after
+// that run ended and it was held back as long again (WFQ.Pick); here
+// the batch class held the slot (x) until the latency run's pick.
 func TestBatchFloodDoesNotStarveOlderLatency(t *testing.T) {
 	clk := newFakeClock()
 	s := New(Config{MaxRuns: 1, Clock: clk, MaxWait: 100 * time.Millisecond})

@@ -269,11 +269,12 @@ func TestQueuedRunPastItsDeadlineNotAdmitted(t *testing.T) {
 	}
 }
 
-// The default policy's promise (README, Config.MaxWait): a run that has
-// waited longer than MaxWait behind a higher class goes before it, oldest
-// first. It held only when the oldest starved run was of another class
-// than the one served: here the oldest starved is a latency run, and the
-// younger latency l2 went before the starved batch run.
+// The default policy's promise (README, Config.MaxWait): a class held back
+// by higher ones longer than MaxWait has its next run go first. It held
+// only when the oldest starved run was of another class than the one
+// served: here the oldest is a latency run, and the younger latency l2
+// went before the batch run, queued 301 ms behind l1 (x, of the default
+// class, held the slot meanwhile).
 func TestStarvedBatchGoesBeforeYoungerLatency(t *testing.T) {
 	clk := newFakeClock()
 	s := New(Config{MaxRuns: 1, Clock: clk, MaxWait: 200 * time.Millisecond})
@@ -313,7 +314,7 @@ func TestStarvedBatchGoesBeforeYoungerLatency(t *testing.T) {
 		t.Fatal("nothing admitted")
 	}
 	if first == "l2" {
-		t.Errorf("l2's run (waited 300ms) went before b's batch run (waited 301ms, past MaxWait 200ms): starved runs go oldest first")
+		t.Errorf("l2's run (waited 300ms) went before b's batch run (waited 301ms, past MaxWait 200ms): a class held back past MaxWait goes first")
 	}
 }
 

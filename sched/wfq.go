@@ -20,22 +20,47 @@ func init() {
 // cannot take every slot before its first run is charged) and the
 // difference when it ends. Each class has its clock, the largest tag a
 // run of the class started at, or where that run went out of fair order
-// (a light function's run in its kept slot, a run past maxWait) the least
-// tag of its class's flows with runs waiting; a flow that wakes from idle
+// (a light function's run in its kept slot) the least tag of its class's
+// flows with runs waiting; a flow that wakes from idle
 // starts at most wakeLag of device time behind its class's clock: time a
 // flow did not use goes to the busy ones (work conservation), banked only
 // up to that. One clock for
 // every class, moved by every run started, left a flow backlogged below a
 // busier class (or beside a low-share light function's runs) behind it, and
-// a flow that woke beside that one had nothing until it caught up. A run that has waited
-// longer than maxWait behind a higher class goes before it, oldest first:
-// priorities order runs but starve none.
+// a flow that woke beside that one had nothing until it caught up. A
+// class held back by higher ones longer than maxWait since its last run
+// ended has a turn: its next run in fair order goes first, and its next
+// turn is maxWait of holding back after that run ends (Pick): priorities
+// order runs but starve none.
 type WFQ struct {
 	maxWait time.Duration
 	vnow    [numClasses]float64 // each class's virtual time (Started)
 	// base counts the vQuantum taken off the clock and every tag so far
 	// (Started): tags are brought to it as they are read (state).
 	base int64
+	// Starvation (Pick), per class. behind[c] is since when class c has
+	// been held back by higher ones (zero: it is not): from the first
+	// pick that passed its runs over for a higher class's, backdated to
+	// when they queued behind one, but not past the last end of a run of
+	// c (ended: until then c held a slot). It holds while every pick
+	// finds c's runs queued below a higher class's, and ends with c's
+	// turn: a run of c that Pick sends out of priority order. Per pick,
+	// not per moment: between a closed-loop flood's runs its queue is
+	// empty for microseconds, and counted so a flood of two clients would
+	// hold every lower class back for good. A class is not held back
+	// while its turn's run is on the device (turn): counted from the
+	// turn's start, a backlog of runs longer than maxWait was held back
+	// again as each ended, and took every turn from a latency flood.
+	behind [numClasses]time.Time
+	turn   [numClasses]turn
+	ended  [numClasses]time.Time
+	given  *Flow // the flow Pick last sent out of priority order, for Started
+}
+
+// turn is the run a class's turn started: its flow and start.
+type turn struct {
+	f  *Flow
+	at time.Time
 }
 
 // vQuantum is what the clock and the tags are moved back by at a time,
@@ -123,6 +148,10 @@ const wakeLag = 10 * time.Millisecond
 func (w *WFQ) Started(f *Flow, now time.Time) float64 {
 	st := w.state(f)
 	c := f.Class()
+	if f == w.given {
+		w.turn[c], w.behind[c] = turn{f, now}, time.Time{}
+	}
+	w.given = nil
 	w.vnow[c] = math.Max(w.vnow[c], math.Min(st.tag, w.floor(f, now)))
 	if w.vnow[c] >= 2*vQuantum {
 		// Every clock and tag moves back alike (one base); a clock left
@@ -199,6 +228,8 @@ func (w *WFQ) Ended(f *Flow, ran time.Duration, charged float64, now time.Time) 
 	} else {
 		st.est += (float64(ran) - st.est) / 8
 	}
+	w.ended[f.Class()] = now
+	w.turnOver(f, now)
 }
 
 // Charged implements Policy: time used beside runs moves the flow's
@@ -265,39 +296,115 @@ func (w *WFQ) Reweighed(f *Flow, old float64, oldClass Class, inflight float64, 
 	return k
 }
 
-// Pick implements Policy. A run past maxWait goes first when it is of a
-// lower class than the one Pick would serve, the oldest such run first:
-// maxWait bounds how long priorities hold a run back. Within the class
-// served, fair order stands however long its runs waited: a backlogged
-// flood's runs are all past maxWait, and served oldest first they would
-// go before every other function's new run of their class.
+// Pick implements Policy. The highest class with a run in waiting is
+// served, its flows in fair order (the least virtual time, then the oldest
+// run), unless a lower class has been held back by higher ones past
+// maxWait (starved): then its flow next in fair order goes instead, the
+// class held back longest first. Counted from its runs' age, a lower
+// class's backlog, whose runs age in its own queue, was always past maxWait
+// and went first at every pick: runs went in arrival order across classes,
+// and the split went by client count. A turn goes in its class's fair
+// order, not to its oldest run, which is a deep backlog's: by age, a
+// flow's part of its class's turns went by client count too.
 func (w *WFQ) Pick(waiting []*Flow, now time.Time) int {
-	best := -1
+	var next [numClasses]int         // each class's flow next in fair order, plus 1 (0: none)
+	var oldest [numClasses]time.Time // each class's oldest run in waiting
 	for i, f := range waiting {
-		if best < 0 {
-			best = i
-			continue
+		c := f.Class()
+		if j := next[c] - 1; j < 0 || w.ahead(f, waiting[j]) {
+			next[c] = i + 1
 		}
-		b := waiting[best]
+		if o := f.Oldest(); oldest[c].IsZero() || o.Before(oldest[c]) {
+			oldest[c] = o
+		}
+	}
+	top := Class(0)
+	for next[top] == 0 { // waiting is never empty
+		top++
+	}
+	// Where some flows with runs queued are not in waiting (at their
+	// limits: Config.Reserve's kept slots, SharedRuns), a class served
+	// here may still be held back where they compete: a light batch
+	// function in its kept slot does not serve a batch flood.
+	s := waiting[0].s
+	all := s == nil || len(waiting) == len(s.waiting)
+	w.given = nil
+	if c, ok := w.starved(&next, &oldest, top, all, now); ok {
+		w.given = waiting[next[c]-1]
+		return next[c] - 1
+	}
+	return next[top] - 1
+}
+
+// starved brings behind up to this pick (next and oldest per class, as
+// Pick found them in waiting; top, the highest class there) and returns
+// the class held back past maxWait the longest, if any: of two held back
+// as long, the higher.
+func (w *WFQ) starved(next *[numClasses]int, oldest *[numClasses]time.Time, top Class, all bool, now time.Time) (Class, bool) {
+	var (
+		found        bool
+		which        Class
+		since, above time.Time // above: the oldest run in waiting of a class above c
+	)
+	for c := range numClasses {
+		queued := next[c] > 0
 		switch {
-		case f.Class() != b.Class():
-			if f.Class() < b.Class() {
-				best = i
+		case c > top && queued && w.turn[c].f == nil:
+			if w.behind[c].IsZero() {
+				// Its runs were queued behind a higher class's
+				// before this pick (another's run held the slot).
+				w.behind[c] = later(later(oldest[c], above), w.ended[c])
 			}
-		case w.state(f).tag < w.state(b).tag:
-			best = i
-		case w.state(f).tag == w.state(b).tag && f.Oldest().Before(b.Oldest()):
-			best = i
+			// Not before its oldest run queued: behind may be left
+			// from runs that gave up since (a pick where some flows
+			// were at their limits leaves it).
+			if s := later(w.behind[c], oldest[c]); now.Sub(s) > w.maxWait && (!found || s.Before(since)) {
+				found, which, since = true, c, s
+			}
+		case all || w.turn[c].f != nil:
+			// Nothing above it waits, it has no run queued, or its
+			// turn's run is on the device: held back by none.
+			w.behind[c] = time.Time{}
+		}
+		if queued && (above.IsZero() || oldest[c].Before(above)) {
+			above = oldest[c]
 		}
 	}
-	starved, class := -1, waiting[best].Class()
-	for i, f := range waiting {
-		if f.Class() != class && now.Sub(f.Oldest()) > w.maxWait && (starved < 0 || f.Oldest().Before(waiting[starved].Oldest())) {
-			starved = i
+	return which, found
+}
+
+// ahead says whether f goes before g in fair order.
+func (w *WFQ) ahead(f, g *Flow) bool {
+	ft, gt := w.state(f).tag, w.state(g).tag
+	return ft < gt || ft == gt && f.Oldest().Before(g.Oldest())
+}
+
+// turnOver ends the turn whose run was f's where that run is off the
+// device (f's run that ended, or an earlier one).
+func (w *WFQ) turnOver(f *Flow, now time.Time) {
+	for c, t := range w.turn {
+		if t.f == f && !t.running() {
+			w.turn[c], w.ended[c] = turn{}, now // its class, were f moved since
 		}
 	}
-	if starved >= 0 && waiting[starved].Oldest().Before(waiting[best].Oldest()) {
-		return starved
+}
+
+// running says whether the turn's run is still on the device.
+func (t turn) running() bool {
+	if t.f.s == nil {
+		return false
 	}
-	return best
+	for _, r := range t.f.s.running { // at most MaxRuns
+		if r.f == t.f && r.start.Equal(t.at) {
+			return true
+		}
+	}
+	return false
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
