@@ -25,7 +25,7 @@ type Class uint8
 const (
 	Latency Class = iota // interactive: admitted first
 	Default
-	Batch // throughput work: admitted when nothing else waits
+	Batch // throughput work: admitted when nothing else waits, but for turns (Config.MaxWait)
 	numClasses
 )
 
@@ -146,9 +146,16 @@ type Config struct {
 	// programming error (New panics): check it with NewPolicy first.
 	Policy     Policy
 	PolicyName string
-	// MaxWait bounds how long the default policy lets a run of a lower
-	// class wait behind higher ones (default 200ms): older than that, it
-	// goes first. Priorities order runs; they do not starve any.
+	// MaxWait bounds how long the default policy lets a lower class be
+	// held back by higher ones (default 200ms): a class whose queued runs
+	// have waited longer than that behind a higher class's, counted from
+	// no earlier than its last run's end, has a turn: its next run in
+	// fair order is admitted first. Its next turn comes once that run has
+	// ended and it has been held back as long again. So a lower class's
+	// run waits about MaxWait and a run behind higher floods however deep
+	// their backlogs, and a lower class's own backlog (runs older than
+	// MaxWait from waiting in their own queue) goes before no higher run.
+	// Priorities order runs; they do not starve any.
 	MaxWait time.Duration
 	// Decay is the time constant of each function's recent share of
 	// device time (Flow.Fraction; default 10s).
