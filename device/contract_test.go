@@ -2,7 +2,6 @@ package device_test
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -43,21 +42,32 @@ PLOVER_ENTRY(refuse_long) {
 `
 
 func loadContract(t *testing.T) device.Program {
+	return loadSource(t, "contract", contractSource, "aligned_echo", buildHost)
+}
+
+// builder builds a test's source file src into dir/name: testkit.BuildLib
+// or testkit.BuildCUDALib.
+type builder func(t testing.TB, src, dir, name string) string
+
+// buildHost is testkit.BuildLib with no more arguments.
+func buildHost(t testing.TB, src, dir, name string) string {
+	return testkit.BuildLib(t, src, dir, name)
+}
+
+// loadSource writes source as name.cu, builds it with build into name.so
+// and loads that on the host device as function name, of the one entry
+// (closed when the test ends).
+func loadSource(t *testing.T, name, source, entry string, build builder) device.Program {
 	t.Helper()
 	dir := t.TempDir()
-	src := filepath.Join(dir, "contract.cu")
-	if err := os.WriteFile(src, []byte(contractSource), 0o644); err != nil {
+	src := filepath.Join(dir, name+".cu")
+	if err := os.WriteFile(src, []byte(source), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	testkit.BuildLib(t, src, dir, "contract.so")
-	m := testkit.Manifest("contract")
-	m.Library, m.Chain = "contract.so", []abi.Launch{{Kernel: "aligned_echo", Grid: 1, Block: 1}}
-	prog, err := device.NewHost(0).Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { prog.Close() })
-	return prog
+	build(t, src, dir, name+".so")
+	m := testkit.Manifest(name)
+	m.Library, m.Chain = name+".so", []abi.Launch{{Kernel: entry, Grid: 1, Block: 1}}
+	return testkit.HostProgram(t, dir, m)
 }
 
 // A run in place (a worker's slot: out at SlotOut(max_input_bytes) into it, any

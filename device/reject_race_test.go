@@ -1,15 +1,11 @@
 package device_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 
-	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -41,28 +37,12 @@ PLOVER_ENTRY(refuse_as) {
 // goroutine that came back from its call on another thread read whatever
 // the next call on the first had left there.
 func TestRefusalsAreTheirOwnRuns(t *testing.T) {
-	dir := t.TempDir()
-	src := filepath.Join(dir, "refuse.cu")
-	if err := os.WriteFile(src, []byte(refuseAs), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	testkit.BuildLib(t, src, dir, "refuse.so")
-	m := testkit.Manifest("refuse")
-	m.Library, m.Chain = "refuse.so", []abi.Launch{{Kernel: "refuse_as", Grid: 1, Block: 1}}
-	prog, err := device.NewHost(0).Load(context.Background(), device.ProgramSpec{Dir: dir, Manifest: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prog.Close()
+	prog := loadSource(t, "refuse", refuseAs, "refuse_as", buildHost)
 	const goroutines, runs = 8, 150
 	var wg sync.WaitGroup
 	errs := make(chan error, goroutines)
 	for g := range goroutines {
-		inst, err := prog.NewInstance(device.InstanceConfig{MaxInput: 64, Out: 8})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer inst.Close()
+		inst := testkit.HostInstance(t, prog, 64, 8)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
