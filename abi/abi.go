@@ -75,7 +75,19 @@ const (
 	SymInstanceInit = "plover_instance_init"
 	SymInstanceFini = "plover_instance_fini"
 	SymUnload       = "plover_unload"
+	// PLOVER_BUNDLE's error slot, which plover_fail and plover_reject set.
+	SymSetError  = "plover_set_error_"
+	SymSetReject = "plover_set_reject_"
 )
+
+// Hooks are the ABI 2 lifecycle hooks, the functions plover.h declares for
+// a bundle to define.
+var Hooks = []string{SymLoad, SymUnload, SymInstanceInit, SymInstanceFini}
+
+// ReservedFunctions are the functions with ReservedPrefix an ABI 2 bundle may
+// export: PLOVER_BUNDLE's and the hooks. Any other is a name no runtime
+// calls (a hook's typo), refused at deploy.
+var ReservedFunctions = append([]string{SymLastError, SymSetError, SymSetReject}, Hooks...)
 
 // EntriesSection is the ELF section where ABI 2's PLOVER_ENTRY records each
 // entry's name, NUL-terminated: the entries a chain may name.

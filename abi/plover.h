@@ -57,7 +57,13 @@
  * (section "plover_entries"); the manifest chain and per-request overrides
  * may name only those. Use PLOVER_ENTRY once per entry, at its definition.
  *
- * LIFECYCLE HOOKS, optional; define any of them with these exact names:
+ * LIFECYCLE HOOKS, optional; define any of them with these exact names.
+ * plover.h declares them PLOVER_EXPORT, so a definition at global scope
+ * is exported under its C name even without PLOVER_EXPORT (which C++'s
+ * mangling and -fvisibility=hidden would otherwise need). Deploy refuses
+ * any other exported function named plover_... (a hook's typo: it would
+ * never be called), and a C++ function of a hook's name with another
+ * signature or in a namespace:
  *
  *   PLOVER_EXPORT void plover_load(plover_state_t *s);
  *       Once per version per device, after the constants are on it and
@@ -129,6 +135,9 @@
  * bundles of its own major and any minor up to its own (and ABI 1 bundles);
  * later minors only add fields at the end of plover_state_t (taken from
  * reserved room, so its size does not change) and new optional hooks.
+ * A change of this header alone keeps the version when bundles built with
+ * it and before it speak the same binary ABI: 2.2 came to declare the hooks
+ * (above), with the same symbols, state and calls.
  */
 #ifndef PLOVER_H
 #define PLOVER_H
@@ -173,6 +182,14 @@ typedef plover_state_t state_t;
 
 typedef void (*plover_entry_fn)(plover_state_t *s, int grid, int block);
 typedef void (*plover_hook_fn)(plover_state_t *s);
+
+/* The hooks (LIFECYCLE HOOKS), declared so that their definitions get C
+ * linkage and default visibility. A declaration alone defines and needs
+ * nothing: a bundle without hooks neither exports nor imports them. */
+PLOVER_EXPORT void plover_load(plover_state_t *s);
+PLOVER_EXPORT void plover_unload(plover_state_t *s);
+PLOVER_EXPORT void plover_instance_init(plover_state_t *s);
+PLOVER_EXPORT void plover_instance_fini(plover_state_t *s);
 
 /* retain keeps the entry table through the linker's --gc-sections. */
 #if defined(__has_attribute)

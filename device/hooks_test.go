@@ -87,3 +87,42 @@ func TestHostHooks(t *testing.T) {
 		})
 	}
 }
+
+// unexportedHooksSource defines the hooks as plain functions, without
+// PLOVER_EXPORT: plover.h's declarations alone make them C functions the
+// runtime finds. check fails the run unless both ran.
+const unexportedHooksSource = `#include "plover.h"
+PLOVER_BUNDLE("host");
+static int program_tag, instance_tag;
+void plover_load(plover_state_t *s) { s->program = &program_tag; }
+void plover_instance_init(plover_state_t *s) { s->instance = &instance_tag; }
+PLOVER_ENTRY(check) {
+  if (s->program != &program_tag) plover_fail(s, "plover_load never ran");
+  else if (s->instance != &instance_tag) plover_fail(s, "plover_instance_init never ran");
+}
+`
+
+// A hook defined without PLOVER_EXPORT runs: in C++ its name was mangled,
+// under -fvisibility=hidden not exported, and either way the function ran
+// without it.
+func TestHostHooksWithoutExport(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		args []string
+	}{
+		{"C++", nil},
+		{"C++ with hidden visibility", []string{"-fvisibility=hidden"}},
+		{"C", []string{"-x", "c"}},
+		{"C with hidden visibility", []string{"-x", "c", "-fvisibility=hidden"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			prog := loadSource(t, "hooks", unexportedHooksSource, "check", func(t testing.TB, src, dir, name string) string {
+				return testkit.BuildLib(t, src, dir, name, tt.args...)
+			})
+			inst := testkit.HostInstance(t, prog, 16, 16)
+			if err := inst.Run(&device.Run{Output: make([]byte, 16), Chain: []device.Step{{Entry: 0, Grid: 1, Block: 1}}}); err != nil {
+				t.Fatalf("run: %v", err)
+			}
+		})
+	}
+}

@@ -70,6 +70,19 @@ func TestCheckBundle(t *testing.T) {
 	if _, err := loader.CheckBundle(dir, m, abi.TargetHost); err == nil || !strings.HasSuffix(err.Error(), `(did you mean "echo"?)`) {
 		t.Fatalf("typo: %v", err)
 	}
+	// So does a hook's, which deploy refuses: the function would run
+	// without the hook. The entries are the test kernels'.
+	src := filepath.Join(dir, "typo.cu")
+	def := "#include \"" + testkit.KernelsSource() + "\"\nPLOVER_EXPORT void plover_unlaod(plover_state_t *s) { (void)s; }\n"
+	if err := os.WriteFile(src, []byte(def), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testkit.BuildLib(t, src, dir, "typo.so")
+	m = testkit.Manifest("fn")
+	m.Library = "typo.so"
+	if _, err := loader.CheckBundle(dir, m, abi.TargetHost); err == nil || !strings.Contains(err.Error(), `typo.so: exports the function plover_unlaod, which the runtime never calls`) || !strings.HasSuffix(err.Error(), `(did you mean "plover_unload"?)`) {
+		t.Fatalf("a hook's typo: %v", err)
+	}
 }
 
 // On the host the constants and tmp live in the worker, which its own

@@ -12,7 +12,9 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/plover-run/plover/abi"
@@ -254,12 +256,81 @@ func (info *Info) Check(path, target string, kernels []string) error {
 	if info.Target != target {
 		return &Error{Path: path, Reason: fmt.Sprintf("built for target %q, the device is %q", info.Target, target)}
 	}
+	if err := info.checkReserved(); err != nil {
+		return &Error{Path: path, Reason: err.Error()}
+	}
 	for _, k := range kernels {
 		if err := info.CheckEntry(k); err != nil {
 			return &Error{Path: path, Reason: err.Error()}
 		}
 	}
 	return nil
+}
+
+// checkReserved refuses, in an ABI 2 bundle, an exported function that
+// looks like a hook but that the runtime never calls, so that deploy says
+// so instead of the function running without it (s->program NULL, wrong
+// answers): a name with the reserved prefix that no ABI function has (a
+// typo: plover_instance_int), or a C++ function of that prefix whose name
+// is mangled (a hook of another signature, or in a namespace or class,
+// which plover.h's extern "C" declaration of the hooks does not cover).
+func (info *Info) checkReserved() error {
+	if info.ABI.Major < 2 {
+		return nil // ABI 1 has no hooks: a plover_ function there is no one's
+	}
+	funcs := make([]string, 0, len(info.Funcs))
+	for f := range info.Funcs {
+		funcs = append(funcs, f)
+	}
+	sort.Strings(funcs) // the same refusal for the same library
+	for _, f := range funcs {
+		name := mangledName(f)
+		switch {
+		case strings.HasPrefix(f, abi.ReservedPrefix) && !slices.Contains(abi.ReservedFunctions, f):
+			return fmt.Errorf("exports the function %s, which the runtime never calls: no ABI function has that name, and the %s prefix is reserved for them%s", f, abi.ReservedPrefix, didYouMean(f, abi.Hooks))
+		case slices.Contains(abi.Hooks, name):
+			return fmt.Errorf("exports %s, a C++ function named %s that is not the hook, which the runtime never calls: its name is mangled (C++ linkage: another signature, a namespace or class, or a plover.h older than its declaration of the hooks); define it at global scope as PLOVER_EXPORT void %s(plover_state_t *s)", f, name, name)
+		case strings.HasPrefix(name, abi.ReservedPrefix):
+			return fmt.Errorf("exports %s, a C++ function named %s, which the runtime never calls: the %s prefix is reserved for the ABI%s", f, name, abi.ReservedPrefix, didYouMean(name, abi.Hooks))
+		}
+	}
+	return nil
+}
+
+// mangledName is the unqualified name of a C++ function's symbol mangled
+// as the Itanium ABI does it: _Z<length><name>... at namespace scope,
+// _ZN<length><name>...E... nested; plover_load for both
+// _Z11plover_loadPv and _ZN2ns11plover_loadEP12plover_state. "" for any
+// other symbol, and for forms this does not read (templates, operators,
+// std::, local entities).
+func mangledName(sym string) string {
+	rest, ok := strings.CutPrefix(sym, "_Z")
+	if !ok {
+		return ""
+	}
+	nested := false
+	if r, ok := strings.CutPrefix(rest, "N"); ok {
+		rest, nested = strings.TrimLeft(r, "rVKRO"), true // the qualifiers of a member function
+	}
+	name := ""
+	for {
+		i := 0
+		for i < len(rest) && rest[i] >= '0' && rest[i] <= '9' {
+			i++
+		}
+		n, err := strconv.Atoi(rest[:i])
+		if i == 0 || err != nil || n <= 0 || n > len(rest)-i {
+			break
+		}
+		name, rest = rest[i:i+n], rest[i+n:]
+		if !nested {
+			return name
+		}
+	}
+	if nested && strings.HasPrefix(rest, "E") {
+		return name
+	}
+	return ""
 }
 
 // CheckEntry allows only functions the library itself defines, outside the

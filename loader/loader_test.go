@@ -49,9 +49,12 @@ extern "C" void helper(plover_state_t *s, int grid, int block) { (void)s; (void)
 PLOVER_EXPORT void plover_load(plover_state_t *s) { (void)s; }
 PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }
 PLOVER_ENTRY(k2) { (void)s; (void)grid; (void)block; }`), dir, "helper.so")
+	// A hook's name as data, which plover.h's declaration of the hooks
+	// makes a compile error: the asm label stands for a bundle built
+	// against an earlier header.
 	dataHook := testkit.BuildLib(t, writeSrc(t, dir, "datahook.cu", `#include "plover.h"
 PLOVER_BUNDLE("host");
-PLOVER_EXPORT int plover_instance_init = 1;
+__attribute__((visibility("default"))) int plover_instance_init_data __asm__("plover_instance_init") = 1;
 PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "datahook.so")
 	// plover_last_error as data: the runtime would call its address.
 	dataLastError := testkit.BuildLib(t, writeSrc(t, dir, "datalasterror.cu", `#include "plover.h"
@@ -112,36 +115,44 @@ PLOVER_ENTRY(k) { (void)s; (void)grid; (void)block; }`), dir, "cxx.so")
 		{"_init is no kernel", cxx, []string{"_init"}, "underscore"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			lib, err := loader.Open(tt.path, abi.TargetHost, tt.kernels)
-			if tt.want == "" {
-				if err != nil {
-					t.Fatalf("Open: %v", err)
-				}
-				defer lib.Close()
-				for _, k := range tt.kernels {
-					if p, err := lib.Entry(k); err != nil || p == nil {
-						t.Fatalf("Entry(%s) = %v, %v", k, p, err)
-					}
-				}
-				if lib.LastError == nil {
-					t.Fatal("plover_last_error not resolved")
-				}
-				return
-			}
-			if err == nil {
-				lib.Close()
-				t.Fatalf("Open succeeded, want error containing %q", tt.want)
-			}
-			var le *loader.Error
-			if !errors.As(err, &le) {
-				t.Fatalf("error %v is not a *loader.Error", err)
-			}
-			if !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("error %q does not contain %q", err, tt.want)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { openHost(t, tt.path, tt.kernels, tt.want) })
 	}
+}
+
+// openHost opens the library at path for the host target and kernels. want
+// "": it opens, kernels and plover_last_error resolved, and is returned
+// (closed when the test ends); else Open refuses it with a *loader.Error
+// containing want, and it returns nil.
+func openHost(t *testing.T, path string, kernels []string, want string) *loader.Library {
+	t.Helper()
+	lib, err := loader.Open(path, abi.TargetHost, kernels)
+	if want == "" {
+		if err != nil {
+			t.Fatalf("Open: %v", err)
+		}
+		t.Cleanup(func() { lib.Close() })
+		for _, k := range kernels {
+			if p, err := lib.Entry(k); err != nil || p == nil {
+				t.Fatalf("Entry(%s) = %v, %v", k, p, err)
+			}
+		}
+		if lib.LastError == nil {
+			t.Fatal("plover_last_error not resolved")
+		}
+		return lib
+	}
+	if err == nil {
+		lib.Close()
+		t.Fatalf("Open succeeded, want an error containing %q", want)
+	}
+	var le *loader.Error
+	if !errors.As(err, &le) {
+		t.Fatalf("error %v is not a *loader.Error", err)
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %q does not contain %q", err, want)
+	}
+	return nil
 }
 
 func TestInspectReadsABIValues(t *testing.T) {
@@ -333,5 +344,41 @@ func TestDeclaredEntriesInMessagesAreBounded(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "k19 and 10 more") || strings.Contains(err.Error(), "k20") {
 			t.Errorf("CheckEntry(%q) = %v; want the first 20 entries listed, and 10 more", name, err)
 		}
+	}
+}
+
+// A function that looks like a hook but that the runtime would never call
+// is refused, naming it, since the bundle would run without it (s->program
+// NULL); a hook defined without PLOVER_EXPORT is one, since plover.h
+// declares the hooks, whatever the default visibility.
+func TestHooksTheRuntimeWouldNotCall(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name, def string
+		args      []string
+		want      string // "" loads, and plover_load resolves
+	}{
+		{"a typo of a hook", `PLOVER_EXPORT void plover_instance_int(plover_state_t *s) { (void)s; }`, nil,
+			`exports the function plover_instance_int, which the runtime never calls: no ABI function has that name, and the plover_ prefix is reserved for them (did you mean "plover_instance_init"?)`},
+		{"a reserved name like no hook", `PLOVER_EXPORT void plover_helper(void) {}`, nil,
+			`exports the function plover_helper, which the runtime never calls: no ABI function has that name, and the plover_ prefix is reserved for them`},
+		{"a C++ hook of another signature", `void plover_load(void *s) { (void)s; }`, nil,
+			`exports _Z11plover_loadPv, a C++ function named plover_load that is not the hook, which the runtime never calls: its name is mangled`},
+		{"a C++ hook in a namespace", `namespace fn { void plover_unload(plover_state_t *s) { (void)s; } }`, nil,
+			`exports _ZN2fn13plover_unloadEP12plover_state, a C++ function named plover_unload that is not the hook`},
+		{"a C++ typo of a hook", `void plover_instance_int(plover_state_t *s) { (void)s; }`, nil,
+			`exports _Z19plover_instance_intP12plover_state, a C++ function named plover_instance_int, which the runtime never calls: the plover_ prefix is reserved for the ABI (did you mean "plover_instance_init"?)`},
+		{"a C++ hook without PLOVER_EXPORT", `void plover_load(plover_state_t *s) { (void)s; }`, nil, ""},
+		{"a hook without PLOVER_EXPORT, hidden by default", `void plover_load(plover_state_t *s) { (void)s; }`, []string{"-fvisibility=hidden"}, ""},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			name := fmt.Sprintf("hook%d", i)
+			src := writeSrc(t, dir, name+".cu", "#include \"plover.h\"\nPLOVER_BUNDLE(\"host\");\n"+tt.def+"\nPLOVER_ENTRY(k) { (void)s; }\n")
+			lib := openHost(t, testkit.BuildLib(t, src, dir, name+".so", tt.args...), []string{"k"}, tt.want)
+			if tt.want == "" && lib.Load == nil {
+				t.Fatal("plover_load not resolved")
+			}
+		})
 	}
 }

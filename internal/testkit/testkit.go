@@ -215,7 +215,7 @@ func StaticTLSBundleDir(t testing.TB, m *abi.Manifest, tlsBytes int) string {
 	src := filepath.Join(t.TempDir(), "tls.cu")
 	body := "#include \"" + KernelsSource() + "\"\n" +
 		"__attribute__((tls_model(\"initial-exec\"))) __thread char plover_test_tls[" + strconv.Itoa(tlsBytes) + "];\n" +
-		"extern \"C\" char *plover_test_tls_at(int i) { return &plover_test_tls[i]; }\n"
+		"extern \"C\" char *test_tls_at(int i) { return &plover_test_tls[i]; }\n"
 	if err := os.WriteFile(src, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
