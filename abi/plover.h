@@ -120,11 +120,13 @@
  * ERRORS. An entry reports failure with plover_fail(s, "message"); the
  * chain still runs to its end, then the request fails (HTTP 500) with the
  * message. On the CUDA target a pending cudaGetLastError() is reported the
- * same way. 2.2: an entry that finds its input malformed refuses it with
- * plover_reject(s, "message") and returns: the request fails as the
- * client's fault (HTTP 422 invalid_input, gRPC InvalidArgument) with the
- * message, up to 255 bytes of it (less a UTF-8 character the cut splits),
- * copied (it may be built on the stack).
+ * same way, as a failure from the call that left it: a launch that failed
+ * before plover_fail or plover_reject wins over them. 2.2: an entry that
+ * finds its input malformed refuses it with plover_reject(s, "message")
+ * and returns: the request fails as the client's fault (HTTP 422
+ * invalid_input, gRPC InvalidArgument) with the message, up to 255 bytes
+ * of it (less a UTF-8 character the cut splits), copied (it may be built
+ * on the stack).
  * The first failure or refusal of a request wins; a refusal in a hook is a
  * failure. Call both on the thread the runtime called the entry on: the
  * error slot is that thread's, so a call from a thread the entry started
@@ -137,7 +139,8 @@
  * reserved room, so its size does not change) and new optional hooks.
  * A change of this header alone keeps the version when bundles built with
  * it and before it speak the same binary ABI: 2.2 came to declare the hooks
- * (above), with the same symbols, state and calls.
+ * (above) and to let a CUDA error that came first win over plover_fail and
+ * plover_reject, with the same symbols, state and calls.
  */
 #ifndef PLOVER_H
 #define PLOVER_H
@@ -231,8 +234,12 @@ static inline const char *plover_take_device_error_(void) {
   cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? NULL : cudaGetErrorName(e);
 }
+/* Whether a CUDA error is pending: it came before a plover_fail or
+ * plover_reject called now, so it, not their message, is the request's. */
+static inline int plover_device_failed_(void) { return cudaPeekAtLastError() != cudaSuccess; }
 #else
 static inline const char *plover_take_device_error_(void) { return NULL; }
+static inline int plover_device_failed_(void) { return 0; }
 #endif
 
 #define PLOVER_BUNDLE(target)                                               \
@@ -240,11 +247,11 @@ static inline const char *plover_take_device_error_(void) { return NULL; }
   PLOVER_EXPORT const char plover_target[] = target;                        \
   static __thread const char *plover_error_;                                \
   PLOVER_EXPORT void plover_set_error_(const char *msg) {                   \
-    if (plover_error_ == NULL) plover_error_ = msg;                         \
+    if (plover_error_ == NULL && !plover_device_failed_()) plover_error_ = msg; \
   }                                                                         \
   static __thread char plover_rejected_[257];                               \
   PLOVER_EXPORT void plover_set_reject_(const char *msg) {                  \
-    if (plover_error_ != NULL) return;                                      \
+    if (plover_error_ != NULL || plover_device_failed_()) return;           \
     /* \x1e (record separator) first: the runtime reads it as a refusal. */ \
     plover_rejected_[0] = '\x1e';                                           \
     size_t i = 0;                                                           \
