@@ -4,7 +4,10 @@
  * A bundle is a shared library of entry points plus a manifest (plover.json)
  * naming the chain to run. For every request the runtime fills a
  * plover_state_t and calls each entry of the chain in order, on one thread,
- * with no host work in between:
+ * with no host work in between. Chains of other instances of the function,
+ * and their plover_instance_init and _fini, may run at the same time on
+ * other threads (a worker serves each instance apart, and the host device
+ * runs up to twice the CPUs at once):
  *
  *     PLOVER_ENTRY(name) { ... }   // void name(plover_state_t *s, int grid, int block)
  *
@@ -28,7 +31,11 @@
  *   s->stream    the cudaStream_t to launch on (CUDA); NULL on the host
  *                target. Never launch on the default stream.
  *   s->program   yours: what plover_load left there (else NULL), the same
- *                for every instance of this version on this device.
+ *                for every instance of this version on this device, so
+ *                used by several at once: what it points to must be
+ *                read-only or synchronised (a library handle such as
+ *                cuBLAS's, bound to one stream at a time, belongs in
+ *                s->instance: one per instance, from plover_instance_init).
  *   s->instance  yours: what plover_instance_init left there (else NULL).
  *   s->items     (2.1) how many requests this run holds, when the function
  *                batches (see BATCHING); 0 when it does not.
