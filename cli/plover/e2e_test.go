@@ -232,12 +232,13 @@ func TestEndToEnd(t *testing.T) {
 	if !strings.Contains(jsonOut, `"start":"hot"`) || !strings.Contains(jsonOut, `"timing_us"`) {
 		t.Fatalf("invoke --json: %.200s", jsonOut)
 	}
-	// ...and a bad one is refused by the kernel with a clear message.
+	// ...and a bad one is refused by the kernel with a clear message, as
+	// the client's fault (plover_reject: 422), not the function's.
 	bad := exec.Command(bin, "invoke", "vecadd", "--out", filepath.Join(work, "x"))
 	bad.Env = append(os.Environ(), env...)
 	bad.Stdin = strings.NewReader("abc")
 	msg, err := bad.CombinedOutput()
-	if err == nil || !strings.Contains(string(msg), "500") || !strings.Contains(string(msg), "not a multiple of 4") {
+	if err == nil || !strings.Contains(string(msg), "422") || !strings.Contains(string(msg), "not a multiple of 4") {
 		t.Fatalf("3-byte input: err=%v %s", err, msg)
 	}
 

@@ -375,8 +375,9 @@ func TestTop1Crafted(t *testing.T) {
 	})
 }
 
-// TestWrongLengths: each entry refuses a request or an out buffer of the
-// wrong size with plover_fail instead of reading or writing past a buffer.
+// TestWrongLengths: each entry refuses a request of the wrong size as the
+// client's fault (plover_reject) and fails on an out buffer of the wrong
+// size (plover_fail), instead of reading or writing past a buffer.
 // The instances hold more input than max_input_bytes so that the entries
 // themselves see the long requests (the server refuses those first, 413).
 func TestWrongLengths(t *testing.T) {
@@ -394,23 +395,23 @@ func TestWrongLengths(t *testing.T) {
 		dir, m := build(t, c.src)
 		f := load(t, dir, m)
 		inst := f.instance(t, 4096)
-		check := func(name string, run device.Run, want string) {
+		check := func(name string, run device.Run, want string, rejected bool) {
 			t.Run(m.Name+"/"+name, func(t *testing.T) {
 				err := inst.Run(&run)
 				var ke *device.KernelError
-				if !errors.As(err, &ke) || !strings.Contains(ke.Msg, want) {
-					t.Fatalf("Run: %v, want a kernel error containing %q", err, want)
+				if !errors.As(err, &ke) || !strings.Contains(ke.Msg, want) || ke.Rejected != rejected {
+					t.Fatalf("Run: %v, want a kernel error containing %q, a refusal: %v", err, want, rejected)
 				}
 			})
 		}
 		for _, n := range c.inputs {
 			run := f.run
 			run.Input, run.Output = make([]byte, n), make([]byte, m.OutBytes)
-			check(fmt.Sprintf("input %d bytes", n), run, c.wantIn)
+			check(fmt.Sprintf("input %d bytes", n), run, c.wantIn, true)
 		}
 		run := f.run
 		run.Input, run.Output = make([]byte, c.okIn), make([]byte, c.shortOut)
-		check(fmt.Sprintf("out %d bytes", c.shortOut), run, c.wantOut)
+		check(fmt.Sprintf("out %d bytes", c.shortOut), run, c.wantOut, false)
 		// The right sizes still work on the same instance afterwards.
 		run.Output = make([]byte, m.OutBytes)
 		if err := inst.Run(&run); err != nil {

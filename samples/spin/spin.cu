@@ -25,8 +25,12 @@ __global__ void mix(const uint32_t *in, uint32_t *out, size_t n) {
 
 PLOVER_ENTRY(spin) {
   size_t n = s->input.len / sizeof(uint32_t);
-  if (s->input.len % sizeof(uint32_t) != 0 || n * sizeof(uint32_t) > s->out.len) {
-    plover_fail(s, "input must be whole 32-bit words, at most out_bytes of them");
+  if (s->input.len % sizeof(uint32_t) != 0) {
+    plover_reject(s, "input must be whole 32-bit words");  // the client's fault: 422
+    return;
+  }
+  if (n * sizeof(uint32_t) > s->out.len) {
+    plover_fail(s, "out_bytes is smaller than the input: raise it to max_input_bytes");
     return;
   }
   int blocks = (int)((n + (size_t)block - 1) / (size_t)block);

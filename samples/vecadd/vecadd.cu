@@ -11,14 +11,21 @@ __global__ void add(const float *a, const float *b, float *c, size_t n) {
     c[i] = a[i] + b[i];
 }
 
+// A malformed input is the client's fault (plover_reject: 422); an input
+// the constants hold but out_bytes does not is the manifest's (plover_fail:
+// 500).
 PLOVER_ENTRY(vecadd) {
   size_t n = s->input.len / sizeof(float);
   if (s->input.len % sizeof(float) != 0) {
-    plover_fail(s, "input length is not a multiple of 4 (float32)");
+    plover_reject(s, "input length is not a multiple of 4 (float32)");
     return;
   }
-  if (n * sizeof(float) > s->constant.len || n * sizeof(float) > s->out.len) {
-    plover_fail(s, "input has more floats than the constants vector");
+  if (n * sizeof(float) > s->constant.len) {
+    plover_reject(s, "input has more floats than the constants vector");
+    return;
+  }
+  if (n * sizeof(float) > s->out.len) {
+    plover_fail(s, "out_bytes is smaller than the input: raise it to the constants' size");
     return;
   }
   PLOVER_LAUNCH(add, grid, block, s, (const float *)s->input.dat,

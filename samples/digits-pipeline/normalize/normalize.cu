@@ -32,10 +32,12 @@ __global__ void normalize_pixels(const uint8_t *__restrict__ in,
 
 /* Lengths are checked here, on the host side, because on the CUDA target
  * the kernel cannot report anything: a short request would otherwise read
- * past the input. A longer one is refused too (no silent truncation). */
+ * past the input. A longer one is refused too (no silent truncation). A
+ * request of another length is the client's fault (plover_reject: 422);
+ * out_bytes is the manifest's (plover_fail: 500). */
 PLOVER_ENTRY(digits_normalize) {
   if (s->input.len != N_PIXELS) {
-    plover_fail(s, "digits-normalize: input must be 784 bytes (28x28 uint8 pixels)");
+    plover_reject(s, "digits-normalize: input must be 784 bytes (28x28 uint8 pixels)");
     return;
   }
   if (s->out.len != N_PIXELS * sizeof(float)) {

@@ -30,10 +30,12 @@ __global__ void top1(const float *__restrict__ scores, uint8_t *__restrict__ out
 }
 
 /* Lengths are checked on the host side: on the CUDA target the kernel
- * cannot fail a request, and a short input would be read past its end. */
+ * cannot fail a request, and a short input would be read past its end.
+ * The input's length is the client's fault (plover_reject), out_bytes the
+ * manifest's (plover_fail). */
 PLOVER_ENTRY(digits_top1) {
   if (s->input.len != N_SCORES * sizeof(float)) {
-    plover_fail(s, "digits-top1: input must be 40 bytes (10 float32 scores)");
+    plover_reject(s, "digits-top1: input must be 40 bytes (10 float32 scores)");
     return;
   }
   if (s->out.len != OUT_BYTES) {
