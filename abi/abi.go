@@ -84,9 +84,9 @@ const (
 // a bundle to define.
 var Hooks = []string{SymLoad, SymUnload, SymInstanceInit, SymInstanceFini}
 
-// ReservedFunctions are the functions with ReservedPrefix an ABI 2 bundle may
-// export: PLOVER_BUNDLE's and the hooks. Any other is a name no runtime
-// calls (a hook's typo), refused at deploy.
+// ReservedFunctions are the functions with ReservedPrefix that the runtime
+// calls in an ABI 2 bundle: PLOVER_BUNDLE's and the hooks. Another a typo
+// away from a hook's is one it would never call, refused at deploy.
 var ReservedFunctions = append([]string{SymLastError, SymSetError, SymSetReject}, Hooks...)
 
 // EntriesSection is the ELF section where ABI 2's PLOVER_ENTRY records each

@@ -68,9 +68,9 @@
  * plover.h declares them PLOVER_EXPORT, so a definition at global scope
  * is exported under its C name even without PLOVER_EXPORT (which C++'s
  * mangling and -fvisibility=hidden would otherwise need). Deploy refuses
- * any other exported function named plover_... (a hook's typo: it would
- * never be called), and a C++ function of a hook's name with another
- * signature or in a namespace:
+ * an exported function named a typo away from a hook (plover_instance_int:
+ * it would never be called), and a C++ function of a hook's name with
+ * another signature or in a namespace:
  *
  *   PLOVER_EXPORT void plover_load(plover_state_t *s);
  *       Once per version per device, after the constants are on it and

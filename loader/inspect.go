@@ -270,10 +270,13 @@ func (info *Info) Check(path, target string, kernels []string) error {
 // checkReserved refuses, in an ABI 2 bundle, an exported function that
 // looks like a hook but that the runtime never calls, so that deploy says
 // so instead of the function running without it (s->program NULL, wrong
-// answers): a name with the reserved prefix that no ABI function has (a
-// typo: plover_instance_int), or a C++ function of that prefix whose name
-// is mangled (a hook of another signature, or in a namespace or class,
+// answers): a name with the reserved prefix a typo away from a hook's
+// (plover_instance_int), or a C++ function of a hook's name, or a typo of
+// one, whose name is mangled (another signature, a namespace or class,
 // which plover.h's extern "C" declaration of the hooks does not cover).
+// Another exported function of the prefix (an author's plover_sum) is
+// left alone: no hook's typo, and refused it would stop a bundle deployed
+// before this check from loading at all.
 func (info *Info) checkReserved() error {
 	if info.ABI.Major < 2 {
 		return nil // ABI 1 has no hooks: a plover_ function there is no one's
@@ -286,16 +289,19 @@ func (info *Info) checkReserved() error {
 	for _, f := range funcs {
 		name := mangledName(f)
 		switch {
-		case strings.HasPrefix(f, abi.ReservedPrefix) && !slices.Contains(abi.ReservedFunctions, f):
-			return fmt.Errorf("exports the function %s, which the runtime never calls: no ABI function has that name, and the %s prefix is reserved for them%s", f, abi.ReservedPrefix, didYouMean(f, abi.Hooks))
+		case strings.HasPrefix(f, abi.ReservedPrefix) && !slices.Contains(abi.ReservedFunctions, f) && nearHook(f):
+			return fmt.Errorf("exports the function %s, which the runtime never calls: no ABI function has that name%s", f, didYouMean(f, abi.Hooks))
 		case slices.Contains(abi.Hooks, name):
 			return fmt.Errorf("exports %s, a C++ function named %s that is not the hook, which the runtime never calls: its name is mangled (C++ linkage: another signature, a namespace or class, or a plover.h older than its declaration of the hooks); define it at global scope as PLOVER_EXPORT void %s(plover_state_t *s)", f, name, name)
-		case strings.HasPrefix(name, abi.ReservedPrefix):
-			return fmt.Errorf("exports %s, a C++ function named %s, which the runtime never calls: the %s prefix is reserved for the ABI%s", f, name, abi.ReservedPrefix, didYouMean(name, abi.Hooks))
+		case strings.HasPrefix(name, abi.ReservedPrefix) && nearHook(name):
+			return fmt.Errorf("exports %s, a C++ function named %s, which the runtime never calls%s", f, name, didYouMean(name, abi.Hooks))
 		}
 	}
 	return nil
 }
+
+// nearHook says whether name is a typo away from a hook's.
+func nearHook(name string) bool { return abi.Suggest(name, abi.Hooks) != "" }
 
 // mangledName is the unqualified name of a C++ function's symbol mangled
 // as the Itanium ABI does it: _Z<length><name>... at namespace scope,

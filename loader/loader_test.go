@@ -353,21 +353,24 @@ func TestDeclaredEntriesInMessagesAreBounded(t *testing.T) {
 // declares the hooks, whatever the default visibility.
 func TestHooksTheRuntimeWouldNotCall(t *testing.T) {
 	dir := t.TempDir()
+	const load = "\nvoid plover_load(plover_state_t *s) { (void)s; }"
 	tests := []struct {
 		name, def string
 		args      []string
 		want      string // "" loads, and plover_load resolves
 	}{
 		{"a typo of a hook", `PLOVER_EXPORT void plover_instance_int(plover_state_t *s) { (void)s; }`, nil,
-			`exports the function plover_instance_int, which the runtime never calls: no ABI function has that name, and the plover_ prefix is reserved for them (did you mean "plover_instance_init"?)`},
-		{"a reserved name like no hook", `PLOVER_EXPORT void plover_helper(void) {}`, nil,
-			`exports the function plover_helper, which the runtime never calls: no ABI function has that name, and the plover_ prefix is reserved for them`},
+			`exports the function plover_instance_int, which the runtime never calls: no ABI function has that name (did you mean "plover_instance_init"?)`},
+		// An author's own function of the prefix, a typo of no hook, loads:
+		// bundles deployed before the check must go on loading.
+		{"a reserved name like no hook", `PLOVER_EXPORT void plover_helper(void) {}` + load, nil, ""},
+		{"a C++ function of the prefix like no hook", `void plover_sum(float *a) { (void)a; }` + load, nil, ""},
 		{"a C++ hook of another signature", `void plover_load(void *s) { (void)s; }`, nil,
 			`exports _Z11plover_loadPv, a C++ function named plover_load that is not the hook, which the runtime never calls: its name is mangled`},
 		{"a C++ hook in a namespace", `namespace fn { void plover_unload(plover_state_t *s) { (void)s; } }`, nil,
 			`exports _ZN2fn13plover_unloadEP12plover_state, a C++ function named plover_unload that is not the hook`},
 		{"a C++ typo of a hook", `void plover_instance_int(plover_state_t *s) { (void)s; }`, nil,
-			`exports _Z19plover_instance_intP12plover_state, a C++ function named plover_instance_int, which the runtime never calls: the plover_ prefix is reserved for the ABI (did you mean "plover_instance_init"?)`},
+			`exports _Z19plover_instance_intP12plover_state, a C++ function named plover_instance_int, which the runtime never calls (did you mean "plover_instance_init"?)`},
 		{"a C++ hook without PLOVER_EXPORT", `void plover_load(plover_state_t *s) { (void)s; }`, nil, ""},
 		{"a hook without PLOVER_EXPORT, hidden by default", `void plover_load(plover_state_t *s) { (void)s; }`, []string{"-fvisibility=hidden"}, ""},
 	}
