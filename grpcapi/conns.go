@@ -124,6 +124,18 @@ type turnConn struct {
 	answers    atomic.Int32
 	collecting atomic.Bool
 
+	// places are those in their tokens' concurrency of the answers held
+	// on the connection (hold), given back as it closes, if not before:
+	// an answer there will never be written, and what gRPC-Go dropped
+	// with it may not be collected for long (an idle stream worker of
+	// gRPC-Go's was seen to keep the last stream it ran, and its
+	// transport, until it ran another), while its token's own calls,
+	// refused before any worker runs them, would wait for it. placesShut
+	// says it closed.
+	placesMu   sync.Mutex
+	places     map[*place]struct{}
+	placesShut bool
+
 	ahead []byte // read in an earlier turn, not given yet
 	buf   *[]byte
 }
@@ -253,13 +265,53 @@ func (t *turnConn) Close() error {
 	return err
 }
 
-// close closes the connection; first says whether this call did.
+// close closes the connection, giving back the places its answers held;
+// first says whether this call did.
 func (t *turnConn) close() (first bool, err error) {
 	if first = !t.closed.Swap(true); first {
 		t.c.m.CompareAndDelete(t.key, t)
 		if t.fl.Swap(nil) != nil {
 			t.c.inTurns.Add(-1)
 		}
+		t.placesMu.Lock()
+		places := t.places
+		t.places, t.placesShut = nil, true
+		t.placesMu.Unlock()
+		for pl := range places {
+			pl.giveBack()
+		}
 	}
 	return first, t.Conn.Close()
+}
+
+// holdPlace has the connection give pl back should it close before the
+// answer holding pl is given back (letPlace); on a connection closed
+// already, now.
+func (t *turnConn) holdPlace(pl *place) {
+	if pl == nil {
+		return
+	}
+	t.placesMu.Lock()
+	if !t.placesShut {
+		if t.places == nil {
+			t.places = map[*place]struct{}{}
+		}
+		t.places[pl] = struct{}{}
+		t.placesMu.Unlock()
+		return
+	}
+	t.placesMu.Unlock()
+	pl.giveBack()
+}
+
+// letPlace gives back pl, the place of an answer held on the connection
+// and given back (heldSlot.collected).
+func (t *turnConn) letPlace(pl *place) {
+	if pl == nil {
+		return
+	}
+	t.placesMu.Lock()
+	delete(t.places, pl)
+	t.placesMu.Unlock()
+	pl.giveBack()
 }

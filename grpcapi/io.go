@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/gate"
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
 	"github.com/plover-run/plover/ioshare"
 )
@@ -45,8 +46,9 @@ type inferCall struct {
 	// decodeInfer or splitPieces, which copy them no more): the handler
 	// frees it once they are laid out and run.
 	wire mem.BufferSlice
-	// unencoded gives the call's slot back should gRPC-Go drop it before
-	// its answer is encoded (inferHandler); the codec stops it.
+	// unencoded gives the call's slot and place back should gRPC-Go
+	// drop it before its answer is encoded (inferHandler); the codec
+	// stops it.
 	unencoded runtime.Cleanup
 }
 
@@ -72,6 +74,19 @@ type inferIO struct {
 	// room is its message's in the request bytes held in memory, from
 	// once it is read until the handler is done (room.go).
 	room room
+	// place is the call's place in its token's concurrency, handed over
+	// by admit (handOver) for its answer to hold: given back as the
+	// answer is encoded, or, where it is held (hold), once gRPC-Go frees
+	// it or its connection closes.
+	place *place
+}
+
+// takePlace is io's place, for an answer held to give back; io keeps
+// none.
+func (io *inferIO) takePlace() *place {
+	p := io.place
+	io.place = nil
+	return p
 }
 
 // raw is req's raw inputs: in the pieces the codec left them in, or as
@@ -107,6 +122,37 @@ func (l *lent) discard() {
 	}
 }
 
+// place is a call's place in its token's concurrency (the tap's ticket),
+// given back once by whichever of its holders gives it back first: the
+// call's end where it has no answer, else its answer's encoding, or,
+// where the answer is held, its release (heldSlot.collected: written,
+// freed, or dropped and collected) or its connection's close. A place of
+// its own, not a field of the call's pending: what a held answer's
+// cleanup keeps must not reach its stream, whose transport holds the
+// answer's buffers (hold).
+type place struct {
+	tk   gate.Ticket
+	back atomic.Bool
+}
+
+func (p *place) giveBack() {
+	if p != nil && p.back.CompareAndSwap(false, true) {
+		p.tk.Done()
+	}
+}
+
+// unencodedCall is what a call gRPC-Go dropped unencoded gives back, once
+// collected: its slot and its place.
+type unencodedCall struct {
+	land  *lent
+	place *place
+}
+
+func (d unencodedCall) giveBack() {
+	d.land.release()
+	d.place.giveBack()
+}
+
 // service is the generated service with ModelInfer's handler inferHandler:
 // the generated one decodes into a bare request, with nowhere to keep its
 // decoding's time, and answers a bare response, with no flow to charge
@@ -128,6 +174,12 @@ func (s *Server) service() *grpc.ServiceDesc {
 func inferHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
 	s := srv.(*Server)
 	c := &inferCall{io: inferIO{lend: true}}
+	encoded := false
+	defer func() {
+		if !encoded { // else the codec's (marshalCall)
+			c.io.place.giveBack()
+		}
+	}()
 	defer c.inputsDone()
 	defer func() {
 		if c.io.fl == nil { // refused before it named a function it may run
@@ -144,6 +196,9 @@ func inferHandler(srv any, ctx context.Context, dec func(any) error, interceptor
 		return nil, err
 	}
 	h := func(ctx context.Context, req any) (any, error) {
+		// Admitted: the call's place goes with it from here, for its
+		// answer to hold.
+		c.io.place = handOver(ctx)
 		return s.modelInfer(ctx, req.(*pb.ModelInferRequest), &c.io)
 	}
 	var resp any
@@ -158,12 +213,14 @@ func inferHandler(srv any, ctx context.Context, dec func(any) error, interceptor
 		// tensors may be as large as the answer's, need not stay with it.
 		proto.Reset(&c.req)
 		c.resp = r
-		if c.io.land != nil {
-			// The codec gives the slot back once it encoded the answer;
-			// should gRPC-Go ever drop a reply unencoded, the call's
-			// collection does.
-			c.unencoded = runtime.AddCleanup(c, (*lent).release, c.io.land)
+		if c.io.land != nil || c.io.place != nil {
+			// The codec gives the slot and the place back once it encoded
+			// the answer (or once an answer it holds is freed); should
+			// gRPC-Go ever drop a reply unencoded, the call's collection
+			// does.
+			c.unencoded = runtime.AddCleanup(c, unencodedCall.giveBack, unencodedCall{c.io.land, c.io.place})
 		}
+		encoded = true
 		return c, nil
 	}
 	c.io.land.release()
@@ -212,28 +269,38 @@ func (c codec) unmarshalCall(data mem.BufferSlice, call *inferCall) error {
 // there (slotOutputs) where the server follows the call's connection, so
 // that it can close it should the answer hold the slot too long; else they
 // are copied as they are encoded, and the slot given back at once, and an
-// answer of bigMessage or more is bounded the same way (heldCopy).
+// answer of bigMessage or more is bounded the same way (heldCopy). An
+// answer bounded so holds its call's place in its token's concurrency
+// until it is given back or its connection closes, as a large HTTP answer
+// holds it until written: else a token of concurrency 1 could have any
+// number of them held for clients that do not read. gRPC-Go frees an
+// answer's buffers before it writes its call's status (its loopy writer
+// frees each as it is written, and writes the trailers only once the
+// message's last byte is out), so a client calling one at a time finds
+// the place free.
 func (c codec) marshalCall(call *inferCall) (mem.BufferSlice, error) {
 	t := ioshare.Now()
 	defer call.io.fl.MeteredSince(t)
 	land := call.io.land
 	call.unencoded.Stop()
-	// The slot is given back here, a panic's included (recoveringCodec
-	// recovers it), unless slotOutputs took it over.
+	// The slot and the place are given back here, a panic's included
+	// (recoveringCodec recovers it), unless an answer held took them over
+	// (slotOutputs the slot; hold the place, which io then has not).
 	handed := false
 	defer func() {
 		if !handed {
 			land.release()
 		}
+		call.io.place.giveBack()
 	}()
 	resp := call.resp
 	raw := resp.RawOutputContents
 	if land == nil || call.io.peer == nil || !slices.ContainsFunc(raw, func(b []byte) bool { return len(b) >= slotOutput }) {
-		return c.copied(resp, call.io.peer)
+		return c.copied(resp, call.io.peer, &call.io)
 	}
 	conn := c.s.conns.find(call.io.peer.LocalAddr, call.io.peer.Addr)
 	if conn == nil {
-		return c.copied(resp, nil)
+		return c.copied(resp, nil, &call.io)
 	}
 	resp.RawOutputContents = nil
 	head, err := c.base.Marshal(resp)
@@ -242,12 +309,13 @@ func (c codec) marshalCall(call *inferCall) (mem.BufferSlice, error) {
 		return nil, err
 	}
 	handed = true
-	return c.slotOutputs(head, raw, land, conn, resp.GetModelName()), nil
+	return c.slotOutputs(head, raw, land, conn, resp.GetModelName(), call.io.takePlace()), nil
 }
 
 // copied is resp encoded whole in gRPC-Go's buffers, bounded by the write
-// timeout where it is large and the server follows its connection (p's).
-func (c codec) copied(resp *pb.ModelInferResponse, p *peer.Peer) (mem.BufferSlice, error) {
+// timeout, and holding io's place, where it is large and the server
+// follows its connection (p's).
+func (c codec) copied(resp *pb.ModelInferResponse, p *peer.Peer, io *inferIO) (mem.BufferSlice, error) {
 	msg, err := c.base.Marshal(resp)
 	if err != nil || p == nil || msg.Len() < bigMessage {
 		return msg, err
@@ -256,7 +324,7 @@ func (c codec) copied(resp *pb.ModelInferResponse, p *peer.Peer) (mem.BufferSlic
 	if conn == nil {
 		return msg, nil
 	}
-	return c.heldCopy(msg, conn, resp.GetModelName()), nil
+	return c.heldCopy(msg, conn, resp.GetModelName(), io.takePlace()), nil
 }
 
 // slotOutput is the smallest raw output written from its slot: a smaller
@@ -271,9 +339,10 @@ const slotOutput = 4 << 10
 // write timeout, and a client that reads slowly or not at all holds them,
 // and so the slot and its function's version: past the server's write
 // timeout (HTTP's, for an answer written from its slot) the connection is
-// closed, as HTTP's would be, and gRPC-Go frees what it held.
-func (c codec) slotOutputs(msg mem.BufferSlice, raw [][]byte, land *lent, conn *turnConn, model string) mem.BufferSlice {
-	refs := c.hold(land, conn, model)
+// closed, as HTTP's would be, and gRPC-Go frees what it held. pl, the
+// call's place, is given back with the slot.
+func (c codec) slotOutputs(msg mem.BufferSlice, raw [][]byte, land *lent, conn *turnConn, model string, pl *place) mem.BufferSlice {
+	refs := c.hold(land, pl, conn, model)
 	defer refs.Put(nil)
 	var small []byte
 	for _, b := range raw {
@@ -297,9 +366,9 @@ func (c codec) slotOutputs(msg mem.BufferSlice, raw [][]byte, land *lent, conn *
 // to gRPC-Go's pool once it has written them, bounded as an answer written
 // from its slot is: a client that does not read a large answer holds it
 // in the server's memory otherwise for as long as it keeps its
-// connection.
-func (c codec) heldCopy(msg mem.BufferSlice, conn *turnConn, model string) mem.BufferSlice {
-	refs := c.hold(&lent{Landing: pooled{msg}}, conn, model)
+// connection. pl, the call's place, is given back with the copy.
+func (c codec) heldCopy(msg mem.BufferSlice, conn *turnConn, model string, pl *place) mem.BufferSlice {
+	refs := c.hold(&lent{Landing: pooled{msg}}, pl, conn, model)
 	defer refs.Put(nil)
 	out := make(mem.BufferSlice, 0, len(msg))
 	for _, b := range msg {
@@ -325,13 +394,15 @@ func (p pooled) Discard()       { p.msg.Free() }
 
 // hold is the pool of the buffers of an answer of model's over land on
 // conn, holding one reference (its caller's, to Put once the buffers are
-// made): land is given back once the last is freed, or once they are
-// collected should gRPC-Go drop them unfreed; past the write timeout
-// answerHeld closes conn.
-func (c codec) hold(land *lent, conn *turnConn, model string) *slotRefs {
+// made): land and pl (its call's place) are given back once the last is
+// freed, or once they are collected should gRPC-Go drop them unfreed,
+// and pl at the latest as conn closes; past the write timeout answerHeld
+// closes conn.
+func (c codec) hold(land *lent, pl *place, conn *turnConn, model string) *slotRefs {
 	conn.answers.Add(1)
+	conn.holdPlace(pl)
 	s := c.s // not refs: the timer must not keep them from collection
-	back := heldSlot{land, time.AfterFunc(s.opts.WriteTimeout, func() { s.answerHeld(conn, model, land) }), conn}
+	back := heldSlot{land, pl, time.AfterFunc(s.opts.WriteTimeout, func() { s.answerHeld(conn, model, land) }), conn}
 	refs := &slotRefs{back: back}
 	refs.n.Store(1)
 	refs.unfreed = runtime.AddCleanup(refs, heldSlot.collected, back)
@@ -347,22 +418,24 @@ func (s *Server) answerHeld(conn *turnConn, model string, land *lent) {
 	}
 }
 
-// heldSlot gives back once what an answer holds, its slot or its copy
-// (slotRefs.Put, or its cleanup where gRPC-Go dropped its buffers
-// unfreed), stopping the write timer, which must not close a connection
-// whose answer is back: one that drops a frame queued as its client reset
-// the stream stays up. It holds no slotRefs, which the cleanup must not
-// reach.
+// heldSlot gives back once what an answer holds, its slot or its copy,
+// and its call's place (slotRefs.Put, or its cleanup where gRPC-Go dropped
+// its buffers unfreed), stopping the write timer, which must not close a
+// connection whose answer is back: one that drops a frame queued as its
+// client reset the stream stays up. It holds no slotRefs, which the
+// cleanup must not reach.
 type heldSlot struct {
-	land *lent
-	held *time.Timer
-	conn *turnConn
+	land  *lent
+	place *place
+	held  *time.Timer
+	conn  *turnConn
 }
 
 func (h heldSlot) collected() {
 	if h.land.releaseFirst() { // first: a timer firing now finds it back
 		h.conn.answers.Add(-1)
 	}
+	h.conn.letPlace(h.place)
 	h.held.Stop()
 }
 

@@ -31,6 +31,11 @@ const bigSize = 4 << 20
 // up to bigSize bytes), pbig (a pipeline of big) and small (echo), with the
 // engine's metrics in the fixture's registry.
 func serveBig(t *testing.T, tokens gate.Tokens) *fixture {
+	return serveBigOpts(t, tokens, grpcapi.Options{})
+}
+
+// serveBigOpts is serveBig with more of the server's options.
+func serveBigOpts(t *testing.T, tokens gate.Tokens, opts grpcapi.Options) *fixture {
 	t.Helper()
 	e := testkit.Engine(t, engine.Config{})
 	m := testkit.Manifest("big")
@@ -40,7 +45,7 @@ func serveBig(t *testing.T, tokens gate.Tokens) *fixture {
 	testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
 	testkit.Deploy(t, e, testkit.PipelineDir(t, "pbig", "big"))
 	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("small"), nil))
-	f := serveEngine(t, e, tokens, grpcapi.Options{})
+	f := serveEngine(t, e, tokens, opts)
 	f.reg.MustRegister(e.Collector())
 	return f
 }

@@ -196,10 +196,11 @@ var openMethods = map[string]bool{
 
 // pending is what the tap starts for a call and its end releases: the
 // timer that ends it if its message does not come within the read
-// timeout, and its place in its token's concurrency.
+// timeout, and its place in its token's concurrency, unless its handler
+// took that over (handOver).
 type pending struct {
 	timer  *time.Timer
-	ticket gate.Ticket
+	place  *place
 	anon   *anonCalls // an open method's call on a server with tokens: its client's place to give back
 	client string
 	wait   time.Duration // how long its message may take
@@ -211,7 +212,7 @@ type pending struct {
 
 func (c *pending) release() {
 	c.timer.Stop()
-	c.ticket.Done()
+	c.place.giveBack()
 	if c.anon != nil {
 		c.anon.done(c.client)
 	}
@@ -267,8 +268,9 @@ var errNoMessage = errors.New("no request message within the read timeout")
 // CANCELLED) if its message has not come within the read timeout: gRPC-Go
 // waits for a message without limit, so a client could hold streams, and
 // the goroutines serving them, for ever. Both are released once, when the
-// handler returns (admit) or, for a call that never reaches it, when its
-// stream ends however it ends.
+// handler returns (admit; a ModelInfer call's place goes on with its
+// answer: handOver) or, for a call that never reaches it, when its stream
+// ends however it ends.
 func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	c := &pending{}
 	wait := s.opts.ReadTimeout
@@ -303,7 +305,7 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 			}
 			return ctx, status.Error(r.Status.GRPC, r.Msg)
 		}
-		c.ticket = tk
+		c.place = &place{tk: tk}
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	c.wait = wait
@@ -318,7 +320,10 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 // its place in the token's concurrency were taken by the tap, from the
 // headers: a message that does not decode reaches no interceptor). It gives the call's place
 // back as the handler returns, before its status is written: a client
-// calling one at a time must find it free for its next call.
+// calling one at a time must find it free for its next call. ModelInfer's
+// handler takes the place over (handOver) for its answer to hold: a large
+// one until gRPC-Go has written it, which is still before the status, or
+// freed or dropped it, or its connection closes (marshalCall).
 func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	ctx = s.takeRefusal(ctx, req) // first: every decoded request comes here
 	if c, ok := ctx.Value(pendingKey{}).(*pending); ok {
@@ -364,6 +369,22 @@ func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return nil, status.Error(r.Status.GRPC, r.Msg)
 	}
 	return h(ctx, req)
+}
+
+// handOver takes the place in its token's concurrency of the call whose
+// handler admit runs (ctx's), for the handler to give back or pass on:
+// admit then gives back none. Nil where the call holds none (a server
+// without tokens, an open method's call). Only a handler admit runs may
+// call it: admit's release, which reads the same pending, runs on its
+// return, and the stream's end no longer does.
+func handOver(ctx context.Context) *place {
+	c, ok := ctx.Value(pendingKey{}).(*pending)
+	if !ok {
+		return nil
+	}
+	p := c.place
+	c.place = nil
+	return p
 }
 
 // authorization is the call's authorization metadata ("Bearer TOKEN"), as
