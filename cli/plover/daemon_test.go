@@ -1,8 +1,9 @@
 package main_test
 
-// A function that daemonizes (hostile.cu's daemonize: fork, setsid, fork)
-// leaves a process outside its worker's process group and session, which
-// killing the group does not reach. Whatever the containment in force (a
+// A function that daemonizes (hostile.cu's daemonize: fork, leave the
+// group, fork) leaves a process outside its worker's process group, which
+// killing the group does not reach (in the worker's session: the worker's
+// seccomp filter refuses setsid). Whatever the containment in force (a
 // PID namespace per worker, or subreapers where there is none), the daemon
 // must end when its worker does: at `plover rm`, at a crash of the worker,
 // at the server's SIGTERM, and, for a server that was SIGKILLed, at the
@@ -79,8 +80,8 @@ func TestDaemonEndsWithItsWorker(t *testing.T) {
 }
 
 // daemonize deploys fn (daemonize) and invokes it, and returns the name the
-// daemon took, once it runs outside its worker's process group and
-// session: what killing the group alone would miss.
+// daemon took, once it runs outside its worker's process group: what
+// killing the group alone would miss.
 func (h *isoHarness) daemonize(t *testing.T, fn string) string {
 	t.Helper()
 	h.mustDeploy(t, hostileManifest(fn, launch("daemonize", 1, 1)), h.hostile)
@@ -111,8 +112,8 @@ func (h *isoHarness) daemonize(t *testing.T, fn string) string {
 	}
 	pgid, sid, ok := groupOf(pid)
 	wpgid, wsid, wok := groupOf(worker[0].PID)
-	if !ok || !wok || pgid == wpgid || sid == wsid {
-		t.Fatalf("daemon %d: group %d session %d; its worker %d: group %d session %d: want both its own", pid, pgid, sid, worker[0].PID, wpgid, wsid)
+	if !ok || !wok || pgid == wpgid {
+		t.Fatalf("daemon %d: group %d session %d; its worker %d: group %d session %d: want a group of its own", pid, pgid, sid, worker[0].PID, wpgid, wsid)
 	}
 	t.Logf("daemon %s is pid %d (group %d, session %d); its worker %d (group %d, session %d)", name, pid, pgid, sid, worker[0].PID, wpgid, wsid)
 	return name

@@ -97,6 +97,14 @@ static void put_err(plover_state_t *s, int e) {
   put(s, msg);
 }
 
+// leave_group takes the calling process out of its worker's process group:
+// into a session of its own where setsid is allowed, else (a worker's
+// seccomp filter refuses it) into a process group of its own in the
+// worker's session. Either way killing the worker's group misses it.
+static void leave_group(void) {
+  if (setsid() < 0) setpgid(0, 0);
+}
+
 // A null pointer the compiler cannot see through, so the store below is a
 // real write to address 0 (not folded into a trap instruction).
 static int *volatile null_ptr = NULL;
@@ -409,7 +417,7 @@ PLOVER_ENTRY(spawn_spinner) {
   put(s, "spawned");
 }
 
-// watch_reap: leaves a process (in a session of its own) that spins until
+// watch_reap: leaves a process (out of its group: leave_group) that spins until
 // its worker's pid is free (reaped: kill() says ESRCH; a zombie still
 // holds it), then says so on stdout, and stays: the pid could be another
 // process's by then, which the seccomp reach filter would let it set
@@ -422,7 +430,7 @@ PLOVER_ENTRY(watch_reap) {
   pid_t c = fork();
   if (c < 0) { plover_fail(s, "watch_reap: fork failed"); return; }
   if (c == 0) {
-    setsid();
+    leave_group();
     close(ready[0]);
     close(ready[1]);
     while (kill(worker, 0) == 0 || errno != ESRCH) {}
@@ -458,6 +466,27 @@ PLOVER_ENTRY(clone_parent) {
   put(s, msg);
 }
 
+// new_session: a child that calls setsid(), which would put it in a
+// scheduling group of its own where the kernel schedules sessions as
+// groups (autogroups, at nice 0: out of its worker's weight); writes
+// "new_session: OK" or "new_session: E...".
+PLOVER_ENTRY(new_session) {
+  (void)grid; (void)block;
+  pid_t c = fork();
+  if (c < 0) { plover_fail(s, "new_session: fork failed"); return; }
+  if (c == 0) _exit(setsid() < 0 ? errno : 0);
+  int st = 0;
+  while (waitpid(c, &st, 0) < 0 && errno == EINTR) {}
+  if (!WIFEXITED(st)) { plover_fail(s, "new_session: the child did not exit"); return; }
+  int e = WEXITSTATUS(st);
+  const char *name = errno_name(e);
+  char msg[64];
+  if (e == 0) snprintf(msg, sizeof msg, "new_session: OK");
+  else if (name != NULL) snprintf(msg, sizeof msg, "new_session: %s", name);
+  else snprintf(msg, sizeof msg, "new_session: errno=%d", e);
+  put(s, msg);
+}
+
 // helpers: computes on 4 threads of its own, 20 ms of CPU each, joins them
 // and echoes the input: the calling thread does almost none of the work.
 static void *burn_20ms(void *arg) {
@@ -483,9 +512,10 @@ PLOVER_ENTRY(helpers) {
   if (started != 4) plover_fail(s, "helpers: pthread_create failed");
 }
 
-// daemonize: the classic daemon's double fork. The child calls setsid() (a
-// session and process group of its own: killing the worker's group misses
-// it) and forks again; the grandchild, orphaned at once, takes the input as
+// daemonize: the classic daemon's double fork. The child leaves its
+// worker's process group (leave_group: a session of its own where the
+// worker's seccomp filter is off, else a process group of its own; killing
+// the worker's group misses it either way) and forks again; the grandchild, orphaned at once, takes the input as
 // its name (PR_SET_NAME, 15 bytes at most: a test finds it by
 // /proc/PID/comm), closes every descriptor but stdio, prints
 // "daemon <pid as the server sees it>" on stdout (the function's log) and
@@ -498,7 +528,7 @@ PLOVER_ENTRY(daemonize) {
   pid_t c = fork();
   if (c < 0) { plover_fail(s, "daemonize: fork failed"); return; }
   if (c == 0) {
-    if (setsid() < 0) _exit(1);
+    leave_group();
     pid_t g = fork();
     if (g != 0) _exit(g < 0 ? 1 : 0);
     prctl(PR_SET_NAME, name, 0, 0, 0);
@@ -510,7 +540,7 @@ PLOVER_ENTRY(daemonize) {
   int st = 0;
   while (waitpid(c, &st, 0) < 0 && errno == EINTR) {}
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    plover_fail(s, "daemonize: setsid or the second fork failed");
+    plover_fail(s, "daemonize: the second fork failed");
     return;
   }
   put(s, "daemonized");

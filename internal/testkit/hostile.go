@@ -13,7 +13,7 @@ import (
 
 // HostileSource is the source of the hostile kernels for the isolation tests:
 // echo (well-behaved), segv, abort_now, exit_zero, sigterm_self,
-// overflow_out, spin, sleep_long, close_fds, fork_accept, threads, daemonize, env,
+// overflow_out, spin, sleep_long, close_fds, fork_accept, threads, daemonize, new_session, env,
 // read_file, memscan, signal_pid, connect_tcp, send_udp, poke, whoami,
 // hog_memory, fork_hog and hide_memory.
 // Build it with BuildLib.

@@ -19,7 +19,8 @@ __attribute__((constructor)) static void hang_on_load(void) {
 }
 #elif defined(PLOVER_CTOR_ESCAPE)
 // Built with -DPLOVER_CTOR_ESCAPE: the constructor first forks a child that
-// leaves the process group (setsid), names itself "plover-escaped" (so that
+// leaves the process group (setsid; where the worker's seccomp filter
+// refuses that, setpgid into a group of its own), names itself "plover-escaped" (so that
 // a test can find it and end it) and keeps every inherited descriptor, the
 // worker's channels included, open for 20 s; then it crashes, once the child
 // says it has left: the server kills the worker's group when the worker
@@ -32,7 +33,7 @@ __attribute__((constructor)) static void escape_then_crash(void) {
   if (pipe(left) != 0) *ctor_null = 1;
   pid_t pid = fork();
   if (pid == 0) {
-    setsid();
+    if (setsid() < 0) setpgid(0, 0);
     prctl(PR_SET_NAME, "plover-escaped", 0, 0, 0);
     char c = 1;
     if (write(left[1], &c, 1) != 1) _exit(1);

@@ -54,6 +54,18 @@ import (
 // (execve) is dumpable again all the same: only Landlock, which keeps
 // /proc read-only, closes that way.
 //
+// It refuses setsid (EPERM): where the server weighs workers by nice
+// level and the kernel schedules sessions as groups (autogroups), a new
+// session is a new group at nice 0, the server's weight, about 9 times a
+// default function's worker's, until the server finds it (at the
+// worker's next change, or the light boost's next window): a tenant whose
+// children each made a session of their own took 0.76-1.45 CPUs where an
+// honest one beside it took 0.61 (a review's probe). The worker already
+// leads a session of its own (Spawner.Start) and nothing in it, nor in the
+// CUDA driver (whose helpers are threads of the worker), makes another; a
+// bundle's daemon can still leave its worker's process group (setpgid),
+// which is no scheduling group.
+//
 // It takes away the network: socket and socketpair succeed only for Unix
 // and netlink sockets and fail with EPERM for every other family. Landlock
 // refuses TCP bind and connect only from its ABI 4 (Linux 6.7) and UDP
@@ -149,6 +161,7 @@ func reachFilter(arch, pid, pgrp uint32) []unix.SockFilter {
 		a.jeq(nr, "nosys", "")
 	}
 	a.jeq(unix.SYS_PRCTL, "prctl", "")
+	a.jeq(unix.SYS_SETSID, "no", "")
 	a.jeq(unix.SYS_SETPRIORITY, "prio", "")
 	a.jeq(unix.SYS_IOPRIO_SET, "ioprio", "")
 	for _, nr := range selfCalls {
