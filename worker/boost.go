@@ -28,7 +28,8 @@ import (
 // three quarters of that part: shares still decide between workers that
 // all want more (none of them is light), and a worker that turns heavy
 // loses the boost within a window, so that a boost buys at most a window
-// of more than its share. What a device scheduler's virtual time gives a
+// of more than its share, and waits longer for its next (lightRecord), so
+// that boosts taken one after another do not add up to more. What a device scheduler's virtual time gives a
 // flow that was idle (it goes first), this gives its worker's threads.
 //
 // A function's use is its worker's and the server's own CPU time on its
@@ -55,24 +56,53 @@ type groupUse struct {
 	boosted      bool
 	known        bool
 	flooding     bool
+	record       lightRecord
 	// io is the server's time on each of the group's functions' bytes in
 	// the window, in CPUs (Consult), not yet in used: a function's is
 	// shared among the groups that run it (spreadIO).
 	io map[string]float64
 }
 
-// lightBoosts says which groups run boosted in the next window: a group
-// using under half its part of cpus (three quarters, once boosted) is
-// light, its part its weight's among the groups that used any (a group
-// that used almost nothing is reckoned as if it were the only idle one
-// among the busy). A group with no weight (a standby), or whose use is
-// unknown, or that runs a flood, is not boosted. No group is newly boosted
-// in a window in which a boosted one used more than its part: the others
+// lightRecord is what a group's past windows say of its next boost: how
+// many windows in a row it read light (up to lightForgiven), and how many
+// a boost waits for (0: this one alone). A boost that ends makes the next
+// wait twice as long (2 light windows at the first), up to maxLightWait,
+// and lightForgiven light windows in a row forget the losses: a worker
+// that spins only while boosted (it can read its own level) was boosted
+// again after one light window following each loss, and ran at 8 times
+// its weight every other window: 0.56-0.76 CPUs beside three floods where
+// an honest worker took 0.45-0.49 (a review's probe). With the waits, a
+// boosted window of spinning costs the next 16 windows once the losses
+// add up, in which it reads light (under half its part): over time it
+// gets less than its part (at most (boosted + 16 x half its part) / 17,
+// and its boosted take is under 8 parts). Whatever ended the boost counts:
+// too much use, a flood (a worker can flood its own function) or a use
+// that could not be read (it can hide its use in a child whose time is
+// lost with it). A light function that turns heavy now and then waits a
+// window or two more for its boost.
+type lightRecord struct{ light, wait int }
+
+// maxLightWait is the longest wait for a boost, in light windows (4 s);
+// lightForgiven, the light windows in a row (16 s) after which a group's
+// losses are forgotten: more than maxLightWait, so that a worker that
+// spins at each boost never reaches it.
+const maxLightWait, lightForgiven = 16, 64
+
+// lightBoosts says which groups run boosted in the next window, and their
+// records then: a group using under half its part of cpus (three
+// quarters, once boosted) is light, its part its weight's among the
+// groups that used any (a group that used almost nothing is reckoned as if
+// it were the only idle one among the busy). A light group is newly
+// boosted once it has been light for its record's wait. A group with no
+// weight (a standby), or whose use is unknown, or that runs a flood, is
+// not light: not boosted, its light windows to start again, and its wait
+// longer if it was boosted (lightRecord). No group is newly boosted in
+// a window in which a boosted one used more than its part: the others
 // were held back by it, and read light; a flood boosted while it was idle
 // would otherwise hand its boost to the flood beside it, and back, window
 // after window. It loses its boost; the next window, read at the weights
 // themselves, decides.
-func lightBoosts(uses []groupUse, cpus float64) []bool {
+func lightBoosts(uses []groupUse, cpus float64) ([]bool, []lightRecord) {
 	const idle = 0.01 // CPUs: below this a group is idle
 	var busy float64
 	for _, u := range uses {
@@ -94,20 +124,31 @@ func lightBoosts(uses []groupUse, cpus float64) []bool {
 		}
 	}
 	out := make([]bool, len(uses))
+	recs := make([]lightRecord, len(uses))
 	for i, u := range uses {
-		switch {
-		case u.weight <= 0:
-		case !u.known:
-			// Not boosted: a group whose count keeps going down (children
-			// reaped where their time is lost) must not keep a boost by it.
-		case u.flooding:
-		case u.boosted:
-			out[i] = u.used < part(u)*3/4
-		default:
-			out[i] = !held && u.used < part(u)/2
+		r := u.record
+		limit := part(u) / 2
+		if u.boosted {
+			limit = part(u) * 3 / 4
 		}
+		// Unknown is not light: a group whose count keeps going down
+		// (children reaped where their time is lost) must not keep a
+		// boost by it.
+		if u.weight > 0 && u.known && !u.flooding && u.used < limit {
+			r.light = min(r.light+1, lightForgiven)
+			if r.light == lightForgiven {
+				r.wait = 0
+			}
+			out[i] = u.boosted || !held && r.light >= r.wait
+		} else {
+			r.light = 0
+			if u.boosted {
+				r.wait = min(max(2*r.wait, 2), maxLightWait)
+			}
+		}
+		recs[i] = r
 	}
-	return out
+	return out, recs
 }
 
 // LightBoost is how many times its weight a light worker runs at (see
@@ -284,7 +325,9 @@ func (g *CPUGroups) reboost(groups []*Group, now time.Time, cpus float64) {
 		uses[i] = c.use(now)
 	}
 	spreadIO(uses)
-	for i, b := range lightBoosts(uses, cpus) {
+	boosts, recs := lightBoosts(uses, cpus)
+	for i, b := range boosts {
+		groups[i].keepRecord(recs[i])
 		groups[i].setBoost(b)
 	}
 }
@@ -316,7 +359,7 @@ func spreadIO(uses []groupUse) {
 // reaped it). The reads are made without c.mu: a large tree takes a while.
 func (c *Group) use(now time.Time) groupUse {
 	c.mu.Lock()
-	u := groupUse{weight: c.base, boosted: c.boosted}
+	u := groupUse{weight: c.base, boosted: c.boosted, record: c.record}
 	closed, root, names, level := c.closed, c.root, c.names, c.level
 	c.mu.Unlock()
 	if closed {
@@ -382,6 +425,13 @@ func (c *Group) sessions(tree []kin, level int) {
 			c.g.ag.set(k.pid, level)
 		}
 	}
+}
+
+// keepRecord keeps what c's windows say of its next boost (lightBoosts).
+func (c *Group) keepRecord(r lightRecord) {
+	c.mu.Lock()
+	c.record = r
+	c.mu.Unlock()
 }
 
 // setBoost boosts c, or ends its boost, writing its weight if that changed.
@@ -582,7 +632,8 @@ type boostState struct {
 	names    []string // the functions weighed (setWeight), of which the server tells (Consult)
 	function string   // names joined, for the log, should a write fail
 	boosted  bool
-	dying    bool // Dying was called: it is being killed, no boost
+	record   lightRecord // its windows so far (lightBoosts)
+	dying    bool        // Dying was called: it is being killed, no boost
 	closed   bool
 	cpu      time.Duration
 	readAt   time.Time
