@@ -157,7 +157,13 @@ func mpsFor(f *serveFlags, devs []device.Device, wanted bool, drop *contain.Iden
 func workerGroups(f *serveFlags, devs []device.Device, drop *contain.Identity, log *slog.Logger) (*worker.CPUGroups, *worker.PidGroups, *worker.MemGroups) {
 	var cpu *worker.CPUGroups
 	if f.cpuWeights {
-		cpu = worker.NewCPUGroupsAt(f.cgroupRoot, log)
+		// Whose nice levels the server would set: its workers' effective
+		// uid, the server's own but for --worker-user.
+		euid := os.Geteuid()
+		if drop != nil {
+			euid = drop.UID
+		}
+		cpu = worker.NewCPUGroupsFor(f.cgroupRoot, euid, log)
 		cpus := f.cpus
 		if cpus <= 0 { // serve did not read them (serverProcs): nothing doubled
 			cpus = float64(runtime.GOMAXPROCS(0))

@@ -381,7 +381,10 @@ func lightWorkerIsBoosted(t *testing.T, script string) {
 // and cmd reaped, when the test ends.
 func startInGroup(t *testing.T, cmd *exec.Cmd) {
 	t.Helper()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

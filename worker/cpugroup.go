@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/nicelevel"
 )
@@ -87,8 +89,17 @@ var (
 // (logged, with the reason).
 func NewCPUGroups(log *slog.Logger) *CPUGroups { return NewCPUGroupsAt(cgroupRoot, log) }
 
-// NewCPUGroupsAt is NewCPUGroups with the cgroup hierarchy mounted at root.
+// NewCPUGroupsAt is NewCPUGroups with the cgroup hierarchy mounted at root,
+// for workers of the server's own uid.
 func NewCPUGroupsAt(root string, log *slog.Logger) *CPUGroups {
+	return NewCPUGroupsFor(root, os.Geteuid(), log)
+}
+
+// NewCPUGroupsFor is NewCPUGroupsAt for workers that run as uid workerUID
+// (--worker-user): where the weights would be nice levels the server may
+// set on none of them (reniceable), they are off from the start, logged
+// with why.
+func NewCPUGroupsFor(root string, workerUID int, log *slog.Logger) *CPUGroups {
 	cgroupRoot = root
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -96,7 +107,14 @@ func NewCPUGroupsAt(root string, log *slog.Logger) *CPUGroups {
 	if g := newCgroups(log); g != nil {
 		return g
 	}
-	g := &CPUGroups{nice: true, log: log, ag: newAutogroups(log)}
+	g := &CPUGroups{nice: true, log: log}
+	if err := reniceable(workerUID); err != nil {
+		g.broken = err
+		g.isOff.Store(true)
+		log.Warn("worker CPU weights off: they would be nice levels (cgroups cannot be written here; see the line before), but the server may set none on its workers; every worker runs at the server's weight", "error", err)
+		return g
+	}
+	g.ag = newAutogroups(log)
 	g.base, g.lower = nicelevel.Probe()
 	if g.lower {
 		log.Info("worker CPU weights by nice level: each worker's threads get a nice level that follows its function's share and priority (cgroups cannot be written here; see the line before)")
@@ -107,6 +125,21 @@ func NewCPUGroupsAt(root string, log *slog.Logger) *CPUGroups {
 			"server_nice", g.base)
 	}
 	return g
+}
+
+// reniceable says why this process may not set the nice level of a
+// process of uid at all, nil where it may: the kernel lets one process set
+// another's level only where the other has its effective uid (as real or
+// effective uid) or where it holds CAP_SYS_NICE (set_one_prio; the
+// scheduler's setters likewise). A root server without the capability (a
+// container's default set) whose workers run as --worker-user got EPERM at
+// the first function's weight, and the weights went off then, after its
+// start log had said they were on.
+func reniceable(uid int) error {
+	if uid == os.Geteuid() || nicelevel.HasCap(unix.CAP_SYS_NICE) {
+		return nil
+	}
+	return fmt.Errorf("the workers run as uid %d and the server as uid %d without CAP_SYS_NICE, and the kernel lets a process set another's nice level only where it has its uid or that capability: give the server CAP_SYS_NICE (docker run --cap-add SYS_NICE), run it as the workers' user, or give it cgroups it can write", uid, os.Geteuid())
 }
 
 // Mechanism says how worker CPU weights are applied: "cgroup v2", "cgroup

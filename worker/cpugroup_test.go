@@ -3,13 +3,19 @@ package worker
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/nicelevel"
 )
 
 func TestCPUWeight(t *testing.T) {
@@ -133,5 +139,91 @@ func TestCPUWeightsByNiceLevel(t *testing.T) {
 		}
 		p.Close()
 		d.Close()
+	}
+}
+
+// noSysNiceEnv marks this test binary as run without CAP_SYS_NICE
+// (withoutSysNice).
+const noSysNiceEnv = "PLOVER_TEST_NO_SYS_NICE"
+
+// A root server without CAP_SYS_NICE (a container's default capabilities)
+// may set no nice level on a process of another uid, its workers under
+// --worker-user: the weights are off from the start, logged with why,
+// where before the start log said "by nice level, raised only", /healthz
+// said nice, and the first function's weight failed with EPERM and turned
+// them off. Workers of its own uid it may still raise. Run without the
+// capability (setpriv); skipped where it cannot be dropped.
+func TestNiceWeightsOffWhereWorkersCannotBeReniced(t *testing.T) {
+	if os.Getenv(noSysNiceEnv) == "" {
+		withoutSysNice(t)
+		return
+	}
+	if nicelevel.HasCap(unix.CAP_SYS_NICE) {
+		t.Fatal("run to be without CAP_SYS_NICE, it holds it")
+	}
+	old := cgroupRoot
+	t.Cleanup(func() { cgroupRoot = old })
+	for _, tc := range []struct {
+		name      string
+		uid       int
+		mechanism string
+		said      string // the start log's
+		nice      int    // the worker's, weighed at a default function's
+	}{
+		{"workers of another uid", 65534, "off", "worker CPU weights off: they would be nice levels", 0},
+		{"workers of its own uid", os.Geteuid(), "nice", "worker CPU weights by nice level, raised only", 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := exec.Command("sleep", "60")
+			w.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(tc.uid), Gid: uint32(tc.uid)}}
+			startInGroup(t, w)
+			pid := w.Process.Pid
+			// What the mechanism rests on: the kernel's refusal, or not.
+			err := syscall.Setpriority(syscall.PRIO_PROCESS, pid, 1)
+			if refused := err == syscall.EPERM; refused != (tc.mechanism == "off") {
+				t.Fatalf("setpriority on a process of uid %d: %v", tc.uid, err)
+			}
+			log, said := logTo()
+			g := NewCPUGroupsFor(filepath.Join(t.TempDir(), "none"), tc.uid, log)
+			t.Cleanup(g.Close)
+			if m := g.Mechanism(); m != tc.mechanism {
+				t.Fatalf("mechanism %q at start, want %s", m, tc.mechanism)
+			}
+			if said(tc.said) != 1 || tc.mechanism == "off" && (said("as uid 65534 and the server as uid 0 without CAP_SYS_NICE") != 1 || said("raised only") != 0) {
+				t.Fatalf("the start log does not say once %q (and, off, why: no CAP_SYS_NICE)", tc.said)
+			}
+			g.Place(pid, 0).Weigh(&abi.Manifest{Name: "f"})
+			if m := g.Mechanism(); m != tc.mechanism {
+				t.Fatalf("mechanism %q once a worker was weighed, want %s", m, tc.mechanism)
+			}
+			if n := niceOf(t, pid); n != tc.nice {
+				t.Fatalf("the worker at nice %d, want %d", n, tc.nice)
+			}
+		})
+	}
+}
+
+// withoutSysNice runs the calling test in this test binary again, as root
+// without CAP_SYS_NICE (setpriv drops it from the bounding and inheritable
+// sets, so that the binary it runs has none), and reports what that says;
+// it skips where setpriv is missing or cannot drop the capability.
+func withoutSysNice(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: a server of another uid runs its workers as itself")
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("no setpriv to drop CAP_SYS_NICE with")
+	}
+	cmd := exec.CommandContext(t.Context(), setpriv, "--inh-caps=-sys_nice", "--bounding-set=-sys_nice", "--",
+		os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), noSysNiceEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	switch {
+	case err != nil && !strings.Contains(string(out), "=== RUN"):
+		t.Skipf("cannot drop CAP_SYS_NICE (setpriv: %v): %s", err, out)
+	case err != nil || !strings.Contains(string(out), "--- PASS"):
+		t.Errorf("without CAP_SYS_NICE: %v\n%s", err, out)
 	}
 }
