@@ -184,8 +184,8 @@ func newCgroups(log *slog.Logger) *CPUGroups {
 		// Children get the cpu controller only if their parent passes it
 		// down: the server's group to ours, and ours to the workers'.
 		for _, d := range []string{g.home, g.dir} {
-			if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+cpu"), 0o644); err != nil {
-				log.Warn("worker CPU weights: cannot enable the cpu controller (a group with processes cannot, under cgroup v2: run the server in a group of its own)", "dir", d, "error", err)
+			if err := enableController(d, "cpu"); err != nil {
+				log.Warn("worker CPU weights: cannot enable the cpu controller", "error", err)
 				os.Remove(g.dir)
 				return nil
 			}
@@ -204,6 +204,38 @@ func newCgroups(log *slog.Logger) *CPUGroups {
 	}
 	log.Info("worker CPU weights on", "cgroup", g.dir, "file", g.file)
 	return g
+}
+
+// enableController passes controller ctl down from cgroup v2 group dir to
+// the groups in it, or says why not (whyNotEnabled).
+func enableController(dir, ctl string) error {
+	err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+"+ctl), 0o644)
+	if err == nil {
+		return nil
+	}
+	if why := whyNotEnabled(ctl, err); why != "" {
+		return fmt.Errorf("enable the %s controller in %s: %w: %s", ctl, dir, err, why)
+	}
+	return fmt.Errorf("enable the %s controller in %s: %w", ctl, dir, err)
+}
+
+// whyNotEnabled is the cause of err, a failed write passing controller ctl
+// down, that the kernel's errno names ("" where it names none): a hint
+// that named processes in the group for every failure sent an operator
+// whose parent group did not delegate the controller (ENOENT) looking for
+// processes that were not there.
+func whyNotEnabled(ctl string, err error) string {
+	switch {
+	case errors.Is(err, syscall.ENOENT):
+		return "the group's parent does not pass the " + ctl + " controller down (it is not in the group's cgroup.controllers): delegate it to the server's group (systemd: Delegate=" + ctl + ")"
+	case errors.Is(err, syscall.EBUSY):
+		return "the group holds processes, which a group passing this controller down may not (cgroup v2): run the server in a group of its own"
+	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM), errors.Is(err, syscall.EROFS):
+		return "the server may not write the group (a read-only hierarchy, or another owner's)"
+	case errors.Is(err, syscall.EOPNOTSUPP):
+		return "the group is in a threaded subtree, where this controller cannot be passed down"
+	}
+	return ""
 }
 
 // OwnGroup is this process's cgroup path in the v1 hierarchy of

@@ -62,8 +62,8 @@ func (c *ctlGroups) ready(root string, cpu *CPUGroups) error {
 		// As for cpu: the server's group passes the controller to ours,
 		// ours to the workers'.
 		for _, d := range []string{cpu.home, cpu.dir} {
-			if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+"+c.ctl), 0o644); err != nil {
-				return fmt.Errorf("enable the %s controller in %s: %w", c.ctl, d, err)
+			if err := enableController(d, c.ctl); err != nil {
+				return err
 			}
 		}
 		c.cpu = cpu
