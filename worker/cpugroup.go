@@ -73,6 +73,10 @@ type CPUGroups struct {
 	// fns tells what the server knows of the workers' functions
 	// (Consult).
 	fns atomic.Pointer[Functions]
+	// passed is the controllers the server passed down from its home group
+	// (passDown, cgroup v2), not passed there before: Close takes them
+	// back (under mu).
+	passed []string
 }
 
 // Where cgroup hierarchies are mounted and where the kernel says which
@@ -181,14 +185,10 @@ func newCgroups(log *slog.Logger) *CPUGroups {
 		return nil
 	}
 	if g.v2 {
-		// Children get the cpu controller only if their parent passes it
-		// down: the server's group to ours, and ours to the workers'.
-		for _, d := range []string{g.home, g.dir} {
-			if err := enableController(d, "cpu"); err != nil {
-				log.Warn("worker CPU weights: cannot enable the cpu controller", "error", err)
-				os.Remove(g.dir)
-				return nil
-			}
+		if err := g.passDown("cpu"); err != nil {
+			log.Warn("worker CPU weights: cannot enable the cpu controller", "error", err)
+			os.Remove(g.dir)
+			return nil
 		}
 	}
 	// The server itself (HTTP, the device schedulers) gets the largest
@@ -204,38 +204,6 @@ func newCgroups(log *slog.Logger) *CPUGroups {
 	}
 	log.Info("worker CPU weights on", "cgroup", g.dir, "file", g.file)
 	return g
-}
-
-// enableController passes controller ctl down from cgroup v2 group dir to
-// the groups in it, or says why not (whyNotEnabled).
-func enableController(dir, ctl string) error {
-	err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+"+ctl), 0o644)
-	if err == nil {
-		return nil
-	}
-	if why := whyNotEnabled(ctl, err); why != "" {
-		return fmt.Errorf("enable the %s controller in %s: %w: %s", ctl, dir, err, why)
-	}
-	return fmt.Errorf("enable the %s controller in %s: %w", ctl, dir, err)
-}
-
-// whyNotEnabled is the cause of err, a failed write passing controller ctl
-// down, that the kernel's errno names ("" where it names none): a hint
-// that named processes in the group for every failure sent an operator
-// whose parent group did not delegate the controller (ENOENT) looking for
-// processes that were not there.
-func whyNotEnabled(ctl string, err error) string {
-	switch {
-	case errors.Is(err, syscall.ENOENT):
-		return "the group's parent does not pass the " + ctl + " controller down (it is not in the group's cgroup.controllers): delegate it to the server's group (systemd: Delegate=" + ctl + ")"
-	case errors.Is(err, syscall.EBUSY):
-		return "the group holds processes, which a group passing this controller down may not (cgroup v2): run the server in a group of its own"
-	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM), errors.Is(err, syscall.EROFS):
-		return "the server may not write the group (a read-only hierarchy, or another owner's)"
-	case errors.Is(err, syscall.EOPNOTSUPP):
-		return "the group is in a threaded subtree, where this controller cannot be passed down"
-	}
-	return ""
 }
 
 // OwnGroup is this process's cgroup path in the v1 hierarchy of
@@ -793,6 +761,18 @@ func (g *CPUGroups) Close() {
 	g.mu.Unlock()
 	// The server goes back where it was: a group holding a process cannot
 	// be removed.
-	os.WriteFile(filepath.Join(g.home, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0o644)
+	err := g.goHome()
+	if errors.Is(err, syscall.EBUSY) && g.v2 {
+		g.takeBack()
+		err = g.goHome()
+	}
+	if err != nil {
+		g.log.Warn("the server cannot go back to the cgroup it started in, so its groups stay until the next start sweeps them", "home", g.home, "error", err)
+	}
 	removeGroups(g.dir)
+}
+
+// goHome moves the server back into the group it started in.
+func (g *CPUGroups) goHome() error {
+	return os.WriteFile(filepath.Join(g.home, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0o644)
 }

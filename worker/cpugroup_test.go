@@ -216,10 +216,7 @@ func withoutSysNice(t *testing.T) {
 	if err != nil {
 		t.Skip("no setpriv to drop CAP_SYS_NICE with")
 	}
-	cmd := exec.CommandContext(t.Context(), setpriv, "--inh-caps=-sys_nice", "--bounding-set=-sys_nice", "--",
-		os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), noSysNiceEnv+"=1")
-	out, err := cmd.CombinedOutput()
+	out, err := rerun(t, noSysNiceEnv+"=1", setpriv, "--inh-caps=-sys_nice", "--bounding-set=-sys_nice", "--")
 	switch {
 	case err != nil && !strings.Contains(string(out), "=== RUN"):
 		t.Skipf("cannot drop CAP_SYS_NICE (setpriv: %v): %s", err, out)
@@ -228,60 +225,14 @@ func withoutSysNice(t *testing.T) {
 	}
 }
 
-// A failure to pass the cpu controller down names the cause its errno
-// gives: before, every failure was said to be processes in the group,
-// ENOENT (the parent does not delegate the controller) too. Against a
-// fake v2 hierarchy whose group's cgroup.subtree_control fails as set up.
-func TestEnablingTheCPUControllerSaysWhyNot(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		file    func(root, path string) // makes the group's cgroup.subtree_control fail
-		say     string
-		sayNone []string
-	}{
-		{"not delegated (ENOENT)", func(root, path string) { os.Symlink(filepath.Join(root, "gone", "x"), path) },
-			"does not pass the cpu controller down", []string{"holds processes"}},
-		{"a failure with no cause named (EISDIR)", func(_, path string) { os.Mkdir(path, 0o755) },
-			"is a directory", []string{"holds processes", "does not pass", "may not write"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			root := fakeCgroups(t, "0::/srv\n")
-			os.WriteFile(filepath.Join(root, "cgroup.controllers"), []byte("cpu pids memory\n"), 0o644)
-			os.MkdirAll(filepath.Join(root, "srv"), 0o755)
-			tc.file(root, filepath.Join(root, "srv", "cgroup.subtree_control"))
-			log, said := logTo()
-			g := NewCPUGroupsAt(root, log)
-			t.Cleanup(g.Close)
-			if m := g.Mechanism(); m == "cgroup v2" {
-				t.Fatalf("mechanism %s with a group that cannot pass cpu down", m)
-			}
-			if said("cannot enable the cpu controller") != 1 || said(tc.say) != 1 {
-				t.Errorf("the log does not say once that the cpu controller cannot be enabled, and %q", tc.say)
-			}
-			for _, s := range tc.sayNone {
-				if said(s) != 0 {
-					t.Errorf("the log says %q", s)
-				}
-			}
-		})
-	}
-}
-
-func TestWhyNotEnabled(t *testing.T) {
-	for _, tc := range []struct {
-		errno syscall.Errno
-		says  string
-	}{
-		{syscall.ENOENT, "does not pass the pids controller down"},
-		{syscall.EBUSY, "holds processes"},
-		{syscall.EACCES, "may not write"},
-		{syscall.EROFS, "may not write"},
-		{syscall.EOPNOTSUPP, "threaded"},
-		{syscall.EINVAL, ""},
-	} {
-		err := &os.PathError{Op: "open", Path: "cgroup.subtree_control", Err: tc.errno}
-		if got := whyNotEnabled("pids", err); tc.says == "" && got != "" || !strings.Contains(got, tc.says) {
-			t.Errorf("%v: %q, want it to say %q", tc.errno, got, tc.says)
-		}
-	}
+// rerun runs the calling test alone in this test binary again, in a
+// process of its own with env added to its environment, through wrapper
+// where one is given (a command and its arguments, the binary's path and
+// flags after them), and returns what it printed.
+func rerun(t *testing.T, env string, wrapper ...string) ([]byte, error) {
+	t.Helper()
+	args := append(wrapper, os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
+	cmd := exec.CommandContext(t.Context(), args[0], args[1:]...)
+	cmd.Env = append(os.Environ(), env)
+	return cmd.CombinedOutput()
 }

@@ -61,10 +61,8 @@ func (c *ctlGroups) ready(root string, cpu *CPUGroups) error {
 		}
 		// As for cpu: the server's group passes the controller to ours,
 		// ours to the workers'.
-		for _, d := range []string{cpu.home, cpu.dir} {
-			if err := enableController(d, c.ctl); err != nil {
-				return err
-			}
+		if err := cpu.passDown(c.ctl); err != nil {
+			return err
 		}
 		c.cpu = cpu
 		return nil
