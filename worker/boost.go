@@ -408,14 +408,14 @@ func (c *Group) outsideSince(now map[string]time.Duration, window float64) map[s
 
 // sessions gives the autogroups of c's tree level, at each change
 // (reniceTree) and each window (use): a process of the tree that made a
-// session of its own (setsid, which the worker's seccomp filter refuses;
-// where the kernel has none) since would run in a new group at nice 0,
-// the server's weight, until the worker's next; and the worker's own
-// group, written by a worker that runs a program without Landlock (it is
-// dumpable again), would keep what it wrote. In use, without c.mu, as
-// its reads: a level set meanwhile may be overwritten by the one before
-// it, until the next window. Nothing is read where autogroups are not
-// given levels (cgroups, a pod).
+// session of its own (setsid: the worker's seccomp filter refuses it, so
+// only where the kernel has no seccomp filters) since would run in a new
+// group at nice 0, the server's weight, until the worker's next; and the
+// worker's own group, written by a worker that runs a program without
+// Landlock (it is dumpable again), would keep what it wrote. In use,
+// without c.mu, as its reads: a level set meanwhile may be overwritten by
+// the one before it, until the next window. Nothing is read where
+// autogroups are not given levels (cgroups, a pod).
 func (c *Group) sessions(tree []kin, level int) {
 	if !c.g.ag.active() {
 		return
