@@ -131,12 +131,7 @@ func watchReap(t *testing.T, d *Device) int {
 // its worker's, which kept the boost. Before, the clone succeeded.
 func TestAWorkerCannotMakeTheServersChild(t *testing.T) {
 	d := newDevice(t, 0)
-	p, m := loadHostile(t, d, "clone_parent")
-	in, r := newInst(t, p, m), oneStep(t, p, m, "clone_parent")
-	if err := in.Run(r); err != nil {
-		t.Fatal(err)
-	}
-	said := string(bytes.TrimRight(r.Output, "\x00"))
+	said := runHostile(t, d, "clone_parent")
 	var child int
 	if _, err := fmt.Sscanf(said, "clone_parent: child %d", &child); err == nil {
 		syscall.Kill(child, syscall.SIGKILL)
@@ -158,17 +153,25 @@ func TestAWorkerCannotMakeTheServersChild(t *testing.T) {
 // Before, the setsid succeeded.
 func TestAWorkerCannotMakeASessionOfItsOwn(t *testing.T) {
 	d := newDevice(t, 0)
-	p, m := loadHostile(t, d, "new_session")
-	in, r := newInst(t, p, m), oneStep(t, p, m, "new_session")
-	if err := in.Run(r); err != nil {
-		t.Fatal(err)
-	}
+	said := runHostile(t, d, "new_session")
 	if d.filterLogged.Load() {
 		t.Skip("this kernel has no seccomp filters")
 	}
-	if said := string(bytes.TrimRight(r.Output, "\x00")); said != "new_session: EPERM" {
+	if said != "new_session: EPERM" {
 		t.Errorf("the worker's child's setsid: %q, want it refused with EPERM", said)
 	}
+}
+
+// runHostile runs the hostile kernel alone in a worker of d and returns
+// what it wrote, up to its first NUL.
+func runHostile(t *testing.T, d *Device, kernel string) string {
+	t.Helper()
+	p, m := loadHostile(t, d, kernel)
+	in, r := newInst(t, p, m), oneStep(t, p, m, kernel)
+	if err := in.Run(r); err != nil {
+		t.Fatal(err)
+	}
+	return string(bytes.TrimRight(r.Output, "\x00"))
 }
 
 // A bundle cannot clear its worker's child-subreaper flag: with it
