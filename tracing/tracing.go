@@ -414,9 +414,17 @@ func (t *Tracer) parts(ctx context.Context, b time.Time, tm *call.Timing) {
 	run := tm.CopyIn + tm.Kernels + tm.CopyOut
 	if run > 0 {
 		rctx := span(ctx, "run", at, run)
-		span(rctx, "copy in", at, tm.CopyIn)
-		span(rctx, "kernels", at.Add(tm.CopyIn), tm.Kernels)
-		span(rctx, "copy out", at.Add(tm.CopyIn+tm.Kernels), tm.CopyOut)
+		// Each only where it took time, as every part (a run that
+		// copied nothing in, a host's run with no copy out).
+		if tm.CopyIn > 0 {
+			span(rctx, "copy in", at, tm.CopyIn)
+		}
+		if tm.Kernels > 0 {
+			span(rctx, "kernels", at.Add(tm.CopyIn), tm.Kernels)
+		}
+		if tm.CopyOut > 0 {
+			span(rctx, "copy out", at.Add(tm.CopyIn+tm.Kernels), tm.CopyOut)
+		}
 		at = at.Add(run)
 	}
 	if tm.Dispatch > 0 {

@@ -402,3 +402,55 @@ func serverAttr(rec *tracetest.SpanRecorder, key attribute.Key) string {
 	}
 	return got
 }
+
+// spanned records c and returns its spans by name (the last of a name).
+func spanned(t *testing.T, c *Call) map[string]sdktrace.ReadOnlySpan {
+	t.Helper()
+	tr, rec := recorded()
+	tr.Record(propagation.MapCarrier{}, c)
+	if err := tr.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]sdktrace.ReadOnlySpan{}
+	for _, s := range rec.Ended() {
+		got[s.Name()] = s
+	}
+	return got
+}
+
+// A part of zero length makes no span, the run's own parts too: a host
+// run that copied nothing in or out showed empty "copy in" and "copy
+// out" spans under its run, which README says are left out.
+func TestZeroPartsAreLeftOut(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		tm           call.Timing
+		want, absent []string
+	}{
+		{"kernels alone", call.Timing{Kernels: 400 * time.Microsecond},
+			[]string{"run", "kernels", "dispatch"}, []string{"copy in", "copy out", "queue", "load", "sched"}},
+		{"copies alone", call.Timing{CopyIn: 10 * time.Microsecond, CopyOut: 20 * time.Microsecond},
+			[]string{"run", "copy in", "copy out"}, []string{"kernels"}},
+		{"every run part", call.Timing{CopyIn: 10 * time.Microsecond, Kernels: 400 * time.Microsecond, CopyOut: 20 * time.Microsecond},
+			[]string{"run", "copy in", "kernels", "copy out"}, nil},
+		{"no run", call.Timing{Queue: 300 * time.Microsecond},
+			[]string{"queue"}, []string{"run", "copy in", "kernels", "copy out"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := aCall("http", 200, -1, nil)
+			c.Req.Timing = tc.tm
+			c.Req.Timing.End(500 * time.Microsecond)
+			sp := spanned(t, c)
+			for _, n := range tc.want {
+				if sp[n] == nil {
+					t.Errorf("no %q span", n)
+				}
+			}
+			for _, n := range tc.absent {
+				if s := sp[n]; s != nil {
+					t.Errorf("a %q span of %v", n, s.EndTime().Sub(s.StartTime()))
+				}
+			}
+		})
+	}
+}
