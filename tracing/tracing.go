@@ -13,7 +13,8 @@
 // (default parentbased_always_on: a request that arrives with a sampled
 // traceparent is traced, one with an unsampled one is not, one with none
 // starts a trace); OTEL_PROPAGATORS the context read from a request
-// (tracecontext, baggage, or none: every request starts its own trace);
+// (tracecontext, the default, or none: every request starts its own trace;
+// baggage is taken and not read);
 // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES name the service (default
 // service.name "plover"); OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none
 // turn it off; OTEL_BSP_* tune the batching. A value of the exporter,
@@ -68,9 +69,7 @@ type Tracer struct {
 // FromEnv returns a Tracer configured by the environment, or nil when the
 // environment asks for no tracing (no OTLP endpoint, the SDK disabled).
 // OpenTelemetry's errors go to log, once a minute at most: export
-// failures (the collector down or refusing) and, once in a process's
-// life, a client's baggage header it could not read (the SDK reports it
-// there too).
+// failures (the collector down or refusing).
 func FromEnv(ctx context.Context, version string, log *slog.Logger) (*Tracer, error) {
 	t, err := fromEnv(ctx, version, os.Getenv)
 	if t != nil && log != nil {
@@ -187,41 +186,45 @@ func samplerFromEnv(getenv func(string) string) (sdktrace.Sampler, error) {
 }
 
 // propagatorFromEnv reads a request's context as OTEL_PROPAGATORS says: a
-// comma-separated list of tracecontext (W3C traceparent and tracestate)
-// and baggage, the default both; none reads nothing, so that every
-// request starts its own trace, sampled by the sampler's root rule,
-// whatever its client sent.
+// comma-separated list of tracecontext (W3C traceparent and tracestate,
+// the default) and baggage; none reads nothing, so that every request
+// starts its own trace, sampled by the sampler's root rule, whatever its
+// client sent. baggage is taken, as OpenTelemetry's own default names it
+// (an environment set for every service), but not read: Plover puts no
+// baggage in its spans and passes no context on, so parsing a client's
+// header on every request bought nothing.
 func propagatorFromEnv(getenv func(string) string) (propagation.TextMapPropagator, error) {
 	v := strings.ToLower(strings.TrimSpace(getenv("OTEL_PROPAGATORS")))
 	if v == "" {
-		v = "tracecontext,baggage"
+		v = "tracecontext"
 	}
-	var ps []propagation.TextMapPropagator
-	none := false
+	tc, none, named := false, false, 0
 	for _, p := range strings.Split(v, ",") {
 		switch p = strings.TrimSpace(p); p {
 		case "tracecontext":
-			ps = append(ps, propagation.TraceContext{})
+			tc = true
 		case "baggage":
-			ps = append(ps, propagation.Baggage{})
 		case "none":
 			none = true
 		default:
-			return nil, fmt.Errorf("OTEL_PROPAGATORS %q: Plover reads tracecontext, baggage or none, not %q", v, p)
+			return nil, fmt.Errorf("OTEL_PROPAGATORS %q: Plover takes tracecontext, baggage (not read) or none, not %q", v, p)
 		}
+		named++
 	}
-	if none && len(ps) > 0 {
+	if none && named > 1 {
 		return nil, fmt.Errorf("OTEL_PROPAGATORS %q: none reads no context, so it goes alone", v)
 	}
-	return propagation.NewCompositeTextMapPropagator(ps...), nil
+	if !tc {
+		return propagation.NewCompositeTextMapPropagator(), nil // reads nothing
+	}
+	return propagation.TraceContext{}, nil
 }
 
 // New returns a Tracer exporting with exp under the given provider options
 // (a sampler, a resource): for tests and benchmarks; servers use FromEnv.
 func New(exp sdktrace.SpanExporter, opts ...sdktrace.TracerProviderOption) *Tracer {
 	tp := sdktrace.NewTracerProvider(append([]sdktrace.TracerProviderOption{sdktrace.WithBatcher(exp)}, opts...)...)
-	return &Tracer{tp: tp, t: tp.Tracer("github.com/plover-run/plover"),
-		prop: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}), Where: "in process"}
+	return &Tracer{tp: tp, t: tp.Tracer("github.com/plover-run/plover"), prop: propagation.TraceContext{}, Where: "in process"}
 }
 
 // Shutdown waits for the spans of requests already recorded to be made,

@@ -168,23 +168,26 @@ func TestSamplerFromEnv(t *testing.T) {
 	}
 }
 
-// OTEL_PROPAGATORS: which of a request's traceparent and baggage are read;
-// none reads neither; what Plover has no propagator for, none with
-// others and an empty item are errors naming the variable.
+// OTEL_PROPAGATORS: whether a request's traceparent is read; baggage,
+// which Plover has no use for, is never parsed, by default nor where it
+// is named (OpenTelemetry's own default, tracecontext,baggage, is taken);
+// none reads nothing; what Plover has no propagator for, none with others
+// and an empty item are errors naming the variable.
 func TestPropagatorFromEnv(t *testing.T) {
 	for _, tc := range []struct {
 		value                string
 		traceparent, baggage bool
 		err                  string
 	}{
-		{"", true, true, ""},
+		{"", true, false, ""},
 		{"tracecontext", true, false, ""},
-		{"baggage", false, true, ""},
-		{" TraceContext , Baggage ", true, true, ""},
+		{"baggage", false, false, ""},
+		{" TraceContext , Baggage ", true, false, ""},
 		{"none", false, false, ""},
 		{"b3", false, false, "OTEL_PROPAGATORS"},
 		{"tracecontext,xray", false, false, "OTEL_PROPAGATORS"},
 		{"none,tracecontext", false, false, "OTEL_PROPAGATORS"},
+		{"none,baggage", false, false, "OTEL_PROPAGATORS"},
 		{"tracecontext,", false, false, "OTEL_PROPAGATORS"},
 	} {
 		t.Run(tc.value, func(t *testing.T) {
