@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -76,5 +77,37 @@ func TestMetLooksAtTheNamesSeriesAlone(t *testing.T) {
 	}
 	if n := len(m.named.of); n != 0 {
 		t.Errorf("%d names indexed after every pipeline was forgotten, want none", n)
+	}
+}
+
+// A step's time lands under a finite bound up to its request's deadline
+// (30 s by default): the buckets ended at 3.3 s, and every slower step
+// (a cold load, a long queue) read as +Inf, its quantiles as 3.3 s.
+func TestStepBucketsReachTheDeadline(t *testing.T) {
+	for _, tc := range []struct {
+		took   time.Duration
+		bucket float64 // the bound of the bucket it lands in
+	}{
+		{30 * time.Microsecond, 50e-6},
+		{2 * time.Second, 3.2768},
+		{5 * time.Second, 6.5536},
+		{29 * time.Second, 52.4288},
+	} {
+		reg := prometheus.NewRegistry()
+		New(nil, reg).met.observe("p", 0, "fn", tc.took, nil)
+		mfs, err := reg.Gather()
+		if err != nil || len(mfs) != 1 {
+			t.Fatalf("gathered %d families: %v", len(mfs), err)
+		}
+		counted := "+Inf"
+		for _, b := range mfs[0].GetMetric()[0].GetHistogram().GetBucket() {
+			if b.GetCumulativeCount() == 1 {
+				counted = strconv.FormatFloat(b.GetUpperBound(), 'g', -1, 64)
+				break
+			}
+		}
+		if want := strconv.FormatFloat(tc.bucket, 'g', -1, 64); counted != want {
+			t.Errorf("a step of %v counted under le=%s, want %s", tc.took, counted, want)
+		}
 	}
 }

@@ -53,8 +53,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "plover_request_duration_seconds",
 			Help: "Successful invoke time by phase: queue, sched (waiting for the device's scheduler), load (cold/warm start), copy_in, kernels, copy_out, total.",
-			// 10 µs .. ~50 s
-			Buckets: prometheus.ExponentialBuckets(10e-6, 2.5, 17),
+			// 10 µs .. 58 s: past the default request timeout (plover
+			// serve --timeout 30s), which a request's total may come near
+			// (a queue and a cold load that took most of it); ending at
+			// 23 s, such requests all read as +Inf.
+			Buckets: prometheus.ExponentialBuckets(10e-6, 2.5, 18),
 		}, []string{"function", "phase"}),
 		copied: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "plover_payload_copied_bytes_total",

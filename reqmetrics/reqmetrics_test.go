@@ -1,13 +1,16 @@
 package reqmetrics
 
 import (
+	"math"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // A request's name becomes a label only if a function could have it:
@@ -70,5 +73,32 @@ func TestOtherKeepsNoNames(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.requests.WithLabelValues("fn-2", "500")); got != 1 {
 		t.Errorf("fn-2 counted %v, want 1", got)
+	}
+}
+
+// A successful request's total lands in a bucket of its size, from tens
+// of microseconds to past the default request timeout (plover serve
+// --timeout 30s): the buckets ended at 23 s, so that a request that took
+// 25 or 29 s of its 30 read as +Inf, and a p99 over them as 23 s.
+func TestDurationBucketsReachPastTheTimeout(t *testing.T) {
+	for _, d := range []time.Duration{10 * time.Microsecond, 300 * time.Millisecond, 25 * time.Second, 29 * time.Second, 45 * time.Second} {
+		m := New(prometheus.NewRegistry())
+		r := &call.Request{Version: "v1"}
+		r.Timing.Total = d
+		m.Record(call.NameOf("fn"), 200, errdefs.KindInternal, r)
+		var pb dto.Metric
+		if err := m.fns.Take(call.NameOf("fn")).phases[6].(prometheus.Metric).Write(&pb); err != nil {
+			t.Fatal(err)
+		}
+		le := math.Inf(1)
+		for _, b := range pb.GetHistogram().GetBucket() {
+			if b.GetCumulativeCount() > 0 {
+				le = b.GetUpperBound()
+				break
+			}
+		}
+		if s := d.Seconds(); !(le >= s && le < 2.5*s*1.0001) {
+			t.Errorf("a total of %v counted under le=%v, want the bucket above it", d, le)
+		}
 	}
 }
