@@ -52,7 +52,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"function", "code"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "plover_request_duration_seconds",
-			Help: "Successful invoke time by phase: queue, sched (waiting for the device's scheduler), load (cold/warm start), copy_in, kernels, copy_out, total.",
+			Help: "Successful invoke time by phase: queue, sched (waiting for the device's scheduler), load (cold/warm start), copy_in, kernels, copy_out, total; resolve and dispatch are no phase here, so the phases do not add up to total.",
 			// 10 µs .. 58 s: past the default request timeout (plover
 			// serve --timeout 30s), which a request's total may come near
 			// (a queue and a cold load that took most of it); ending at
