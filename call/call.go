@@ -100,6 +100,12 @@ type Request struct {
 	// Began is when the transport began the request, set with Deadline at
 	// the door: its trace's start.
 	Began time.Time
+	// Reached is when the engine (or a pipeline's runner) began timing
+	// the request: Timing's parts run from it, Resolve first, to Reached
+	// + Total. A trace lays them out from here, not back from when the
+	// transport had its answer ready, which comes after its encoding (a
+	// /v2 JSON answer, a /v1 base64 one); zero where none timed it.
+	Reached time.Time
 	// Gone, if set, reports whether the client has gone away. It is polled
 	// while the request waits for an instance, so an abandoned request
 	// gives up its queue slot instead of holding it until its deadline.

@@ -175,6 +175,7 @@ func (e *Engine) invokeOn(ctx context.Context, f *function, v *version, req *cal
 	req.Start = call.Hot
 	req.Version = v.rec.ID
 	req.Timing = call.Timing{}
+	req.Reached = t0
 	req.Copied = 0
 	req.BatchSize = 0
 	req.Device = ""

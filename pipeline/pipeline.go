@@ -236,7 +236,7 @@ func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error 
 		return engine.LandedElsewhere(p.plan.name)
 	}
 	x := run{r: p.r, pl: p.plan, deadline: req.Deadline, gone: req.Gone, t0: t0}
-	req.Start, req.BatchSize, req.Version = call.Hot, 0, p.top.Version().ID
+	req.Start, req.BatchSize, req.Version, req.Reached = call.Hot, 0, p.top.Version().ID, t0
 	// A request refused room is counted as one that ran and failed; one
 	// that panicked (a step's device bug, raised again here) as the 500 its
 	// transport answers.

@@ -317,23 +317,33 @@ func (t *Tracer) spans(ctx context.Context, span trace.Span, c *Call, fn string)
 			span.SetStatus(codes.Error, msg)
 		}
 	}
-	if len(r.Steps) > 0 {
-		// A pipeline: its steps where they ran, from when the request
-		// reached the engine (its end less its total).
-		origin := c.End.Add(-r.Timing.Total)
-		for i := range r.Steps {
-			st := &r.Steps[i]
-			b := origin.Add(st.Begin)
-			sctx, s := t.t.Start(ctx, fmt.Sprintf("step %d %s", st.Index, st.Step), trace.WithTimestamp(b), trace.WithAttributes(
-				attribute.String("plover.function", st.Step), attribute.Int("plover.step", st.Index), attribute.String("plover.version", st.Version),
-				attribute.String("plover.start", st.Start.String()), attribute.String("plover.device", st.Device)))
-			t.parts(sctx, b, &st.Timing)
-			s.End(trace.WithTimestamp(b.Add(st.Timing.Total)))
-		}
-	} else if r.Version != "" && r.Timing.Total > 0 {
-		t.parts(ctx, c.End.Add(-r.Timing.Total), &r.Timing)
-	}
+	t.laid(ctx, r)
 	span.End(trace.WithTimestamp(c.End))
+}
+
+// laid makes the spans of r's parts under ctx, from when the engine (a
+// pipeline's runner) reached it, where they went: a function's parts, or a
+// pipeline's steps with theirs. None for a request refused before a
+// version was resolved, which nothing timed.
+func (t *Tracer) laid(ctx context.Context, r *call.Request) {
+	if r.Reached.IsZero() || r.Version == "" {
+		return
+	}
+	if len(r.Steps) == 0 {
+		if r.Timing.Total > 0 {
+			t.parts(ctx, r.Reached, &r.Timing)
+		}
+		return
+	}
+	for i := range r.Steps {
+		st := &r.Steps[i]
+		b := r.Reached.Add(st.Begin)
+		sctx, s := t.t.Start(ctx, fmt.Sprintf("step %d %s", st.Index, st.Step), trace.WithTimestamp(b), trace.WithAttributes(
+			attribute.String("plover.function", st.Step), attribute.Int("plover.step", st.Index), attribute.String("plover.version", st.Version),
+			attribute.String("plover.start", st.Start.String()), attribute.String("plover.device", st.Device)))
+		t.parts(sctx, b, &st.Timing)
+		s.End(trace.WithTimestamp(b.Add(st.Timing.Total)))
+	}
 }
 
 // serverFault reports whether failed c is the server's failure, which

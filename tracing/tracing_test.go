@@ -219,7 +219,7 @@ func recorded() (*Tracer, *tracetest.SpanRecorder) {
 // aCall is a request to fn that ended now, with the transport's status.
 func aCall(transport string, status, grpcCode int, err error) *Call {
 	now := time.Now()
-	r := &call.Request{Began: now.Add(-time.Millisecond), Version: "v1", Device: "host0"}
+	r := &call.Request{Began: now.Add(-time.Millisecond), Reached: now.Add(-900 * time.Microsecond), Version: "v1", Device: "host0"}
 	r.Timing.Total, r.Timing.Kernels = 500*time.Microsecond, 400*time.Microsecond
 	return &Call{Transport: transport, Route: "r", Function: call.NameOf("fn"), End: now, Status: status, GRPCCode: grpcCode, Err: err, Req: r}
 }
@@ -452,6 +452,56 @@ func TestZeroPartsAreLeftOut(t *testing.T) {
 			for _, n := range tc.absent {
 				if s := sp[n]; s != nil {
 					t.Errorf("a %q span of %v", n, s.EndTime().Sub(s.StartTime()))
+				}
+			}
+		})
+	}
+}
+
+// The engine's parts are laid out from when it reached the request, to
+// that plus its total, however long the transport took after it: they
+// were laid back from when the answer was ready, after the transport had
+// encoded it (/v2's JSON, /v1's base64), so that the encoding showed as
+// time before the engine, in resolve or queue, and the run ended before
+// the engine had run it. A pipeline's steps likewise; a request that
+// failed before it ran has its parts laid out as one that ran.
+func TestPartsAreLaidFromTheEngine(t *testing.T) {
+	reached := time.Now().Add(-time.Second)
+	const total, encoding = 10 * time.Millisecond, 50 * time.Millisecond
+	type at struct{ from, to time.Duration } // after reached
+	for _, tc := range []struct {
+		name   string
+		status int
+		tm     call.Timing
+		steps  []call.StepTiming
+		want   map[string]at
+	}{
+		{"a run", 200, call.Timing{Resolve: time.Millisecond, Queue: 2 * time.Millisecond, Kernels: 6 * time.Millisecond}, nil,
+			map[string]at{"resolve": {0, time.Millisecond}, "queue": {time.Millisecond, 3 * time.Millisecond},
+				"kernels": {3 * time.Millisecond, 9 * time.Millisecond}, "dispatch": {9 * time.Millisecond, total}}},
+		{"a 504 after its queue and a cold load", 504, call.Timing{Resolve: time.Millisecond, Prep: 3 * time.Millisecond, Load: 4 * time.Millisecond, Queue: 5 * time.Millisecond}, nil,
+			map[string]at{"resolve": {0, time.Millisecond}, "fetch": {time.Millisecond, 4 * time.Millisecond},
+				"queue": {4 * time.Millisecond, 9 * time.Millisecond}, "load": {9 * time.Millisecond, total}}},
+		{"a pipeline", 200, call.Timing{}, []call.StepTiming{
+			{Step: "a", Index: 0, Version: "va", Timing: call.Timing{Kernels: 4 * time.Millisecond, Total: 4 * time.Millisecond}},
+			{Step: "b", Index: 1, Version: "vb", Timing: call.Timing{Kernels: 5 * time.Millisecond, Total: 5 * time.Millisecond}, Begin: 5 * time.Millisecond}},
+			map[string]at{"step 0 a": {0, 4 * time.Millisecond}, "step 1 b": {5 * time.Millisecond, total}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := aCall("http", tc.status, -1, nil)
+			r := c.Req
+			r.Began, r.Reached, r.Timing, r.Steps = reached.Add(-time.Millisecond), reached, tc.tm, tc.steps
+			r.Timing.End(total)
+			c.End = reached.Add(total + encoding)
+			sp := spanned(t, c)
+			for name, w := range tc.want {
+				s := sp[name]
+				if s == nil {
+					t.Errorf("no %q span", name)
+					continue
+				}
+				if from, to := s.StartTime().Sub(reached), s.EndTime().Sub(reached); from != w.from || to != w.to {
+					t.Errorf("%s from %v to %v after the engine reached the request, want %v to %v", name, from, to, w.from, w.to)
 				}
 			}
 		})
