@@ -61,9 +61,24 @@ type Timing struct {
 // readings are its word, each bounded apart by its run's wall time).
 func (t *Timing) End(total time.Duration) {
 	t.Total = total
-	t.Dispatch = max(0, total-t.Resolve-t.Queue-t.Load-t.Sched-t.CopyIn-t.Kernels-t.CopyOut)
+	t.Dispatch = t.unheld(total)
 	t.Handoff = min(t.Handoff, t.Dispatch)
 	t.Handback = min(t.Handback, t.Dispatch-t.Handoff)
+}
+
+// EndIn is End for a request that failed before it ran: what no part
+// holds of total goes to part, one of t's (Resolve, Queue or Load: where
+// it failed), not to Dispatch, the hand-over of a run it never had. Its
+// time so is laid out where it went (a 504 after a long queue and a cold
+// load), as a request's that ran is.
+func (t *Timing) EndIn(part *time.Duration, total time.Duration) {
+	*part += t.unheld(total)
+	t.End(total)
+}
+
+// unheld is what no part but Dispatch holds of total.
+func (t *Timing) unheld(total time.Duration) time.Duration {
+	return max(0, total-t.Resolve-t.Queue-t.Load-t.Sched-t.CopyIn-t.Kernels-t.CopyOut)
 }
 
 // Override replaces parts of the manifest for one request, within its limits.

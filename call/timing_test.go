@@ -28,3 +28,27 @@ func TestEndBoundsDispatchsParts(t *testing.T) {
 		})
 	}
 }
+
+// EndIn gives what no part holds to the part a request failed in, none to
+// Dispatch, and leaves a part past the total as it is.
+func TestEndInGivesTheRestToItsPart(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		in          Timing
+		part        func(*Timing) *time.Duration
+		total, left time.Duration // left: the part's after
+	}{
+		{"queue", Timing{Resolve: 2}, func(t *Timing) *time.Duration { return &t.Queue }, 20, 18},
+		{"load after a queue", Timing{Resolve: 2, Queue: 5, Load: 3}, func(t *Timing) *time.Duration { return &t.Load }, 20, 13},
+		{"resolve", Timing{Load: 4, Prep: 4}, func(t *Timing) *time.Duration { return &t.Resolve }, 20, 16},
+		{"parts past the total", Timing{Resolve: 2, Queue: 30}, func(t *Timing) *time.Duration { return &t.Queue }, 20, 30},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tm := tc.in
+			tm.EndIn(tc.part(&tm), tc.total)
+			if tm.Total != tc.total || tm.Dispatch != 0 || *tc.part(&tm) != tc.left {
+				t.Fatalf("total %v, dispatch %v, part %v; want %v, 0, %v", tm.Total, tm.Dispatch, *tc.part(&tm), tc.total, tc.left)
+			}
+		})
+	}
+}

@@ -109,20 +109,22 @@ func newBatcher(e *Engine, v *version) *batcher {
 		pad: device.PadsBatches(v.manifest.Target)}
 }
 
-// invoke runs req as one item of a batch and waits for its result; enq is
-// the clock reading its queue time counts from.
-func (b *batcher) invoke(ctx context.Context, req *call.Request, deadline, enq time.Time) error {
+// invoke runs req as one item of a batch and waits for its result; t0 is
+// when it reached the engine, enq the clock reading its queue time counts
+// from. Its timing is ended, whatever the outcome (timed).
+func (b *batcher) invoke(ctx context.Context, req *call.Request, deadline, t0, enq time.Time) error {
 	v := b.v
 	if req.Override != nil {
-		return errorf(errdefs.KindBadRequest, nil, "function %s batches requests (plover.json \"batch\"): per-request chain, out_bytes and tmp_bytes overrides do not apply to it", v.fn.name)
+		return endUnqueued(req, t0, errorf(errdefs.KindBadRequest, nil, "function %s batches requests (plover.json \"batch\"): per-request chain, out_bytes and tmp_bytes overrides do not apply to it", v.fn.name))
 	}
 	if int64(len(req.Input)) != b.itemIn {
-		return errorf(errdefs.KindBadRequest, nil, "input is %d bytes; function %s batches requests of exactly %d bytes (batch.item_input_bytes)", len(req.Input), v.fn.name, b.itemIn)
+		return endUnqueued(req, t0, errorf(errdefs.KindBadRequest, nil, "input is %d bytes; function %s batches requests of exactly %d bytes (batch.item_input_bytes)", len(req.Input), v.fn.name, b.itemIn))
 	}
 	it := &batchItem{req: req, deadline: deadline, enq: enq, done: make(chan struct{})}
 	b.mu.Lock()
 	if b.fullLocked() {
 		b.mu.Unlock()
+		req.Timing.EndIn(&req.Timing.Queue, time.Since(t0)) // refused at its queue: no dispatch
 		return v.pool.busy()
 	}
 	b.pending = append(b.pending, it)
@@ -143,7 +145,27 @@ func (b *batcher) invoke(ctx context.Context, req *call.Request, deadline, enq t
 	b.dispatch()
 	err := b.await(ctx, it, deadline)
 	ended = true
+	b.timed(it, time.Since(t0))
 	return err
+}
+
+// timed ends the timing of it's request, of total time in the engine: one
+// that left before its batch's answer (its deadline, its client gone)
+// spent it waiting for its batch, queue as far as it knows (the run may
+// have taken it, but a run's time is no item's until answered), not
+// Dispatch; one whose batch's run never reached an instance spent what
+// its queue and load do not hold on a load that failed or outlasted the
+// deadlines; one that ran is timed as the unbatched path times it.
+func (b *batcher) timed(it *batchItem, total time.Duration) {
+	t := &it.req.Timing
+	switch {
+	case it.state.Load() == itemAbandoned:
+		t.EndIn(&t.Queue, total)
+	case it.req.BatchSize == 0:
+		t.EndIn(&t.Load, total)
+	default:
+		t.End(total)
+	}
 }
 
 // await waits for it's batch to end within ctx and deadline, or takes it

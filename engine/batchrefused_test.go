@@ -11,8 +11,9 @@ import (
 // A batching function's request that no run took (its queue full, or its
 // deadline passed while it waited for a batch) was not dispatched: none of
 // its time is Dispatch (the hand-over to the device and back), which a
-// trace would show as a dispatch span; as for an unbatched function's
-// request refused before it ran, the engine times none of it.
+// trace would show as a dispatch span. As an unbatched function's request
+// that failed in its queue, it is timed all the same: what it spent after
+// its resolve is its queue.
 func TestBatchRefusedRequestHasNoDispatch(t *testing.T) {
 	m := testkit.BatchManifest("rf", 4, "")
 	m.MaxInstances, m.MaxQueue = 1, 2
@@ -43,8 +44,11 @@ func TestBatchRefusedRequestHasNoDispatch(t *testing.T) {
 			if errdefs.KindOf(r.err) != tt.want {
 				t.Fatalf("got %v, want %v", r.err, tt.want)
 			}
-			if tm := r.req.Timing; tm.Dispatch != 0 || tm.Total != 0 {
-				t.Errorf("a request no run took has dispatch %v of total %v, want none timed (as an unbatched refusal)", tm.Dispatch, tm.Total)
+			if tm := r.req.Timing; tm.Dispatch != 0 || tm.Total <= 0 || tm.Queue != tm.Total-tm.Resolve-tm.Load {
+				t.Errorf("a request no run took has dispatch %v, queue %v of total %v (resolve %v, load %v), want no dispatch and the rest queue", tm.Dispatch, tm.Queue, tm.Total, tm.Resolve, tm.Load)
+			}
+			if tt.deadline > 0 && r.req.Timing.Queue < tt.deadline/2 {
+				t.Errorf("queue %v for a request that waited out its %v deadline", r.req.Timing.Queue, tt.deadline)
 			}
 			if r := <-busy; r.err != nil {
 				t.Fatal(r.err)

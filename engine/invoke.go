@@ -185,18 +185,22 @@ func (e *Engine) invokeOn(ctx context.Context, f *function, v *version, req *cal
 		lctx, cancel := context.WithDeadline(ctx, deadline)
 		err := e.load(lctx, v)
 		cancel()
+		tn := time.Now()
+		req.Timing.Load = tn.Sub(tl)
+		req.Timing.Prep = req.Timing.Load
 		if err != nil {
+			// A fetch that failed or outlasted the deadline is the
+			// request's time all the same.
+			req.Timing.EndIn(&req.Timing.Resolve, tn.Sub(t0))
 			return err
 		}
 		req.Start = call.Cold
-		req.Timing.Load = time.Since(tl)
-		req.Timing.Prep = req.Timing.Load
 	}
 	if rf := v.refused.Load(); rf != nil {
-		return rf
+		return endUnqueued(req, t0, rf)
 	}
 	if limit := v.manifest.MaxInputBytes; int64(len(req.Input)) > limit {
-		return errorf(errdefs.KindTooLarge, nil, "input is %d bytes; function %s accepts at most %d (max_input_bytes)", len(req.Input), f.name, limit)
+		return endUnqueued(req, t0, errorf(errdefs.KindTooLarge, nil, "input is %d bytes; function %s accepts at most %d (max_input_bytes)", len(req.Input), f.name, limit))
 	}
 	var ran bool
 	if v.batch != nil && req.Landing != nil {
@@ -204,24 +208,16 @@ func (e *Engine) invokeOn(ctx context.Context, f *function, v *version, req *cal
 		// on the version they were lent for: this body landed in a slot
 		// lent otherwise (a pin of this version with a landing of
 		// another's), whose process may have rewritten it (foreign).
-		return LandedElsewhere(f.name)
+		return endUnqueued(req, t0, LandedElsewhere(f.name))
 	}
 	if v.batch != nil {
 		tq := time.Now()
 		req.Timing.Resolve = tq.Sub(t0) - req.Timing.Prep
-		err = v.batch.invoke(ctx, req, deadline, tq)
+		err = v.batch.invoke(ctx, req, deadline, t0, tq)
 		// Its batch reached an instance's run, well or not (a batch that
 		// never did writes no size): its start counts as the unbatched
 		// path's does.
 		ran = req.BatchSize > 0
-		if ran {
-			// Timed as the unbatched path times a request that ran: one
-			// refused (its queue full) or that left before its run wrote
-			// its answer (waiting for a batch, or with the run under way:
-			// the run skips it) has no run of its own to time, and End
-			// would call its wait Dispatch.
-			req.Timing.End(time.Since(t0))
-		}
 	} else {
 		ran, err = v.pool.run(ctx, req, deadline, t0)
 	}

@@ -66,7 +66,7 @@ func (p *pool) run(ctx context.Context, req *call.Request, deadline, t0 time.Tim
 	}
 	if req.Override != nil {
 		if j.outLen, j.tmpLen, err = v.override(req.Override); err != nil {
-			return false, err
+			return false, endUnqueued(req, t0, err)
 		}
 		j.key = 0
 	}
@@ -74,6 +74,8 @@ func (p *pool) run(ctx context.Context, req *call.Request, deadline, t0 time.Tim
 	req.Timing.Resolve = tq.Sub(t0) - req.Timing.Prep
 	waited, err := p.acquire(ctx, deadline, req.Gone)
 	if err != nil {
+		// Its deadline passed or its client left while it waited.
+		req.Timing.EndIn(&req.Timing.Queue, time.Since(t0))
 		return false, err
 	}
 	defer p.release()
@@ -89,6 +91,8 @@ func (p *pool) run(ctx context.Context, req *call.Request, deadline, t0 time.Tim
 	}
 	in, fresh, spent, err := p.takeRetrying(ctx, deadline, prefer)
 	if err != nil {
+		// An instance's load that failed or outlasted the deadline.
+		req.Timing.EndIn(&req.Timing.Load, time.Since(t0))
 		return false, v.runFailed(nil, err)
 	}
 	h := held{p, in}
@@ -98,17 +102,24 @@ func (p *pool) run(ctx context.Context, req *call.Request, deadline, t0 time.Tim
 	if !tr.Before(deadline) {
 		h.in = nil
 		p.put(in, false, tr)
+		req.Timing.End(tr.Sub(t0))
 		return false, errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed before it ran (queue %v, load %v)", v.fn.name, req.Timing.Queue, req.Timing.Load)
 	}
 	if p.foreign(landed, in) {
 		h.in = nil
-		p.put(in, false, time.Now())
+		now := time.Now()
+		p.put(in, false, now)
+		req.Timing.End(now.Sub(t0))
 		return false, LandedElsewhere(v.fn.name)
 	}
 	landed = output(req, in, landed, j.outLen)
 	h.in = nil // runRetrying's now
 	in, r, tEnd, err := p.runRetrying(ctx, req, in, landed, prefer, j, tr, deadline, spent)
 	if r == nil {
+		// A chain not found on its device, or a dead worker not
+		// replaced in time: after the queue and load, as Dispatch's
+		// retries are.
+		req.Timing.End(time.Since(t0))
 		return false, err
 	}
 	if err == nil {
@@ -125,6 +136,16 @@ func (p *pool) run(ctx context.Context, req *call.Request, deadline, t0 time.Tim
 	}
 	p.succeeded()
 	return true, nil
+}
+
+// endUnqueued ends the timing of req, refused before it queued by its
+// version's checks of it, t0 being when it reached the engine: its time is
+// its resolve (and a cold request's fetch). It returns err. It lives
+// here, below invoke.go and batch.go, which call it too: the engine's
+// files call downwards only.
+func endUnqueued(req *call.Request, t0 time.Time, err error) error {
+	req.Timing.EndIn(&req.Timing.Resolve, time.Since(t0))
+	return err
 }
 
 // held is an instance a request took and has neither put back nor handed
