@@ -118,3 +118,59 @@ func TestEntryWaitEndedByTheClientIsGone(t *testing.T) {
 		t.Errorf("the request: %v (kind %v); want the client gone, not a deadline", err, errdefs.KindOf(err))
 	}
 }
+
+// slowLookupDevice is the host device whose programs' entry lookups take
+// a while before they answer, as a tenant's worker's do behind a
+// sibling's load.
+type slowLookupDevice struct {
+	device.Device
+	wait time.Duration
+}
+
+type slowLookupProgram struct {
+	device.Program
+	wait time.Duration
+}
+
+func (d *slowLookupDevice) Load(ctx context.Context, spec device.ProgramSpec) (device.Program, error) {
+	p, err := d.Device.Load(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return &slowLookupProgram{p, d.wait}, nil
+}
+
+func (p *slowLookupProgram) EntryContext(ctx context.Context, kernel string) (int32, error) {
+	select {
+	case <-time.After(p.wait): // the fake's own pace, not the test's wait
+	case <-ctx.Done():
+	}
+	return p.Program.Entry(kernel)
+}
+
+// A chain override's run is admitted once its entries are looked up: a
+// lookup that waited is no device time. Admitted with the clock read
+// before the lookup, the run's billing floor (its wall time over the
+// device's runs) charged it a 1 s lookup's share: 250 ms of device time
+// for a run of microseconds, on a device of 4 runs.
+func TestAChainLookupsWaitIsNotBilled(t *testing.T) {
+	const wait = time.Second
+	d := &slowLookupDevice{Device: device.NewHost(0), wait: wait}
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}, Sched: engine.SchedConfig{MaxRuns: 4}})
+	testkit.Deploy(t, e, testkit.BundleDir(t, testkit.Manifest("echo"), nil))
+	req := &call.Request{Input: []byte("x"), Override: &call.Override{Chain: []abi.Launch{{Kernel: "echo", Grid: 1, Block: 1}}, OutBytes: -1, TmpBytes: -1}}
+	t0 := time.Now()
+	if err := e.Invoke(context.Background(), "echo", req); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(t0); took < wait {
+		t.Fatalf("the request took %v, less than its lookup's %v: the lookup did not wait", took, wait)
+	}
+	fi, err := e.Control().Function(context.Background(), "echo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if billed := time.Duration(fi.DeviceSeconds * float64(time.Second)); billed > wait/20 {
+		t.Errorf("device time billed %v for a run of %v after a lookup of %v: the lookup's wait was billed", billed, req.Timing.Kernels, wait)
+	}
+}

@@ -299,6 +299,12 @@ func (p *pool) runRetrying(ctx context.Context, req *call.Request, in *instance,
 					p.put(in, programLost(err), time.Now())
 					return nil, nil, time.Time{}, v.runFailed(in.dev, err)
 				}
+			} else {
+				// The lookup may have waited (a tenant's worker's, behind
+				// a sibling's load): the run is admitted, billed and
+				// timed from now, not from before it, whose wait its
+				// device time would otherwise be charged with.
+				tr = time.Now()
 			}
 		}
 		r := &in.run
