@@ -26,15 +26,27 @@ func (e *Engine) warm(ctx context.Context, v *version, loaded func()) error {
 		if !v.pool.trySlot() {
 			return nil
 		}
-		in, _, err := e.newInstance(ctx, v)
-		if err == nil {
-			v.pool.put(in, false, time.Now())
-		}
-		v.pool.release()
-		if err != nil {
+		if err := e.warmOne(ctx, v); err != nil {
 			return err
 		}
 	}
+}
+
+// warmOne makes one idle instance of v in the slot warm took for it, and
+// gives the slot back however it ends. A device's Go code that panics
+// (Health, MemInfo, Load, NewInstance), recovered above (a transport, a
+// poll's warmAside), left the slot held for good with no instance: the
+// pool read as building one, so the reaper never topped it up nor
+// unloaded it, and with max_instances 1 every request waited out its
+// deadline.
+func (e *Engine) warmOne(ctx context.Context, v *version) error {
+	defer v.pool.release()
+	in, _, err := e.newInstance(ctx, v)
+	if err != nil {
+		return err
+	}
+	v.pool.put(in, false, time.Now())
+	return nil
 }
 
 // Prewarm brings every function whose policy asks for min_instances up to
