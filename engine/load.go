@@ -145,14 +145,14 @@ func (e *Engine) cacheFull(v *version, err error) error {
 func (v *version) teardown() {
 	v.loadTok <- struct{}{}
 	defer func() { <-v.loadTok }()
-	for _, p := range v.pool.unplace() {
+	if v.unpin != nil {
+		defer v.unpin() // a program's Close that panics must not keep the bundle in use in the cache for good
+	}
+	eachDespitePanics(v.pool.unplace(), func(p *placement) {
 		if err := p.prog.Close(); err != nil {
 			v.lg.Info("unload failed", "function", v.fn.name, "version", v.rec.ID, "device", p.dev.Name(), "error", err)
 		}
-	}
-	if v.unpin != nil {
-		v.unpin()
-	}
+	})
 	if v.loaded.Load() {
 		v.lg.Info("unloaded", "function", v.fn.name, "version", v.rec.ID)
 	}

@@ -284,13 +284,14 @@ func (p *pool) retire() {
 		p.dead = true
 	}
 	p.mu.Unlock()
-	for _, in := range idle {
-		in.inst.Close()
-	}
 	if done {
-		p.owner.teardown()
+		defer p.owner.teardown() // after the idle instances, and when closing one panics too
 	}
+	eachDespitePanics(idle, closeInstance)
 }
+
+// closeInstance closes in's device instance.
+func closeInstance(in *instance) { in.inst.Close() }
 
 // takeIdle takes an idle instance out of the pool, nil when none is: one
 // on prefer (nil: any) first, the most recently used of them.
@@ -507,9 +508,7 @@ func (p *pool) reap(now time.Time, ttl time.Duration, keep int) (closed int, zer
 	// with no back-off, the crash count started over.
 	zero = p.live == 0 && p.refs == 0 && keep == 0 && now.Sub(p.lastUsed) >= ttl && now.UnixNano() >= p.backoffUntil.Load()
 	p.mu.Unlock()
-	for _, in := range closing {
-		in.inst.Close()
-	}
+	eachDespitePanics(closing, closeInstance)
 	return len(closing), zero
 }
 

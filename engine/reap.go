@@ -24,22 +24,30 @@ func (e *Engine) ReapEvery(ctx context.Context, every time.Duration) {
 // had no instance for that long. The server calls it periodically.
 func (e *Engine) Reap(now time.Time) {
 	for _, fv := range e.tab.versions(true) {
-		v := fv.v
-		if !v.loaded.Load() {
-			continue
-		}
-		e.topUp(fv.f, v, now)
-		ttl := v.idleTTL()
-		if ttl <= 0 {
-			continue
-		}
-		closed, zero := v.pool.reap(now, ttl, v.minInstances())
-		if closed > 0 {
-			e.cfg.Log.Info("released idle instances", "function", fv.f.name, "count", closed, "idle_ttl", ttl)
-		}
-		if zero && e.unload(fv.f, v) {
-			e.cfg.Log.Info("scaled to zero", "function", fv.f.name, "version", v.rec.ID, "idle_ttl", ttl)
-		}
+		e.reapOne(fv.f, fv.v, now)
+	}
+}
+
+// reapOne is Reap's pass over v, a version of f. A panic in it (a
+// device's Go code closing an instance or a program) is logged, and the
+// pass goes on to the other versions: the reaper's goroutine has nothing
+// above it to recover one, and the process ended.
+func (e *Engine) reapOne(f *function, v *version, now time.Time) {
+	defer func() { e.survived("reaping", f.name, recover()) }()
+	if !v.loaded.Load() {
+		return
+	}
+	e.topUp(f, v, now)
+	ttl := v.idleTTL()
+	if ttl <= 0 {
+		return
+	}
+	closed, zero := v.pool.reap(now, ttl, v.minInstances())
+	if closed > 0 {
+		e.cfg.Log.Info("released idle instances", "function", f.name, "count", closed, "idle_ttl", ttl)
+	}
+	if zero && e.unload(f, v) {
+		e.cfg.Log.Info("scaled to zero", "function", f.name, "version", v.rec.ID, "idle_ttl", ttl)
 	}
 }
 
@@ -82,12 +90,24 @@ func (e *Engine) topUp(f *function, v *version, now time.Time) {
 	v.toppedAt.Store(now.UnixNano())
 	go func() {
 		defer v.topping.Store(false)
-		if e.warmCurrent(context.Background(), f, v) != nil { // v itself: a deploy meanwhile pre-warms its own
+		if e.topUpNow(f, v) != nil {
 			v.topFails.Add(1)
 		} else {
 			v.topFails.Store(0)
 		}
 	}()
+}
+
+// topUpNow is topUp's warm of v, on a goroutine of its own: a panic in
+// it (a device's Go code) is logged and counted as a failed top-up, so
+// that the next waits longer, rather than ending the process.
+func (e *Engine) topUpNow(f *function, v *version) (err error) {
+	defer func() {
+		if p := e.survived("topping up to min_instances", f.name, recover()); p != nil {
+			err = p
+		}
+	}()
+	return e.warmCurrent(context.Background(), f, v) // v itself: a deploy meanwhile pre-warms its own
 }
 
 // topUpEvery is the least time between two top-ups of a version; after

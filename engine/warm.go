@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"runtime/debug"
 	"sync"
 	"time"
 )
@@ -72,14 +71,29 @@ func (e *Engine) Prewarm(ctx context.Context) error {
 		if err != nil || cv.IsPipeline() || (cv.MinInstances == 0 && e.cfg.MinInstances == 0) {
 			continue
 		}
-		f, err := e.tab.lookup(ctx, rec.Name, time.Time{})
-		if err == nil {
-			e.warmIfWanted(ctx, f)
-		} else if firstErr == nil {
+		if err := e.prewarmOne(ctx, rec.Name); err != nil && firstErr == nil {
 			firstErr = err
 		}
 	}
 	return firstErr
+}
+
+// prewarmOne is Prewarm's warm of name. A panic in it (a device's Go
+// code) is name's error: the server's start runs Prewarm on a goroutine
+// of its own, which nothing above recovers, and the other functions are
+// still to be warmed.
+func (e *Engine) prewarmOne(ctx context.Context, name string) (err error) {
+	defer func() {
+		if p := e.survived("pre-warming at start", name, recover()); p != nil {
+			err = p
+		}
+	}()
+	f, err := e.tab.lookup(ctx, name, time.Time{})
+	if err != nil {
+		return err
+	}
+	e.warmIfWanted(ctx, f)
+	return nil
 }
 
 // prewarmListing is how many request timeouts Prewarm's listing may take
@@ -119,9 +133,8 @@ func (e *Engine) warmAside(ctx context.Context, f *function, id string) {
 	}
 	go func() {
 		defer func() {
-			if v := recover(); v != nil {
+			if e.survived("pre-warming a polled function", f.name, recover()) != nil {
 				e.aside.drop(f)
-				e.cfg.Log.Error("pre-warming a polled function panicked", "function", f.name, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 			}
 		}()
 		for ; id != ""; id = e.aside.end(ctx, f) {
