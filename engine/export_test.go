@@ -84,11 +84,12 @@ func (e *Engine) BreakIdle(name string) bool {
 	return true
 }
 
-// ToppingUp reports a top-up of name's current version to its
-// min_instances under way (Reap's).
+// ToppingUp reports a warm of name's current version to its
+// min_instances under way (Reap's top-up, or a deploy's, a poll's or a
+// start's pre-warm).
 func (e *Engine) ToppingUp(name string) bool {
 	_, v := e.tab.peek(name)
-	return v != nil && v.topping.Load()
+	return v != nil && v.warming.Load()
 }
 
 // CrashesCounted is the crashes of name's current version counted towards

@@ -74,7 +74,8 @@ func (e *Engine) unload(f *function, v *version) bool {
 // crashes (its requests fail fast; making instances would run the crashing
 // code again), nor while a request or a warm may be making an instance
 // (one not counted until it is made: a top-up beside a slow constructor
-// made a second), one top-up at a time, and one every topUpEvery at most,
+// made a second), nor beside another warm of the version (warmCurrent's
+// warming, which it holds while it runs), and one every topUpEvery at most,
 // doubling after each that failed (an init that keeps failing, a device
 // that refuses the memory) up to topUpDoublings times.
 func (e *Engine) topUp(f *function, v *version, now time.Time) {
@@ -84,12 +85,12 @@ func (e *Engine) topUp(f *function, v *version, now time.Time) {
 		v.pool.building() || e.tab.currentOf(f) != v {
 		return
 	}
-	if n, retired := v.pool.instances(); n >= keep || retired || !v.topping.CompareAndSwap(false, true) {
+	if n, retired := v.pool.instances(); n >= keep || retired || !v.warming.CompareAndSwap(false, true) {
 		return
 	}
 	v.toppedAt.Store(now.UnixNano())
 	go func() {
-		defer v.topping.Store(false)
+		defer v.warming.Store(false)
 		if e.topUpNow(f, v) != nil {
 			v.topFails.Add(1)
 		} else {
@@ -107,7 +108,7 @@ func (e *Engine) topUpNow(f *function, v *version) (err error) {
 			err = p
 		}
 	}()
-	return e.warmCurrent(context.Background(), f, v) // v itself: a deploy meanwhile pre-warms its own
+	return e.warmTaken(context.Background(), f, v) // v itself: a deploy meanwhile pre-warms its own
 }
 
 // topUpEvery is the least time between two top-ups of a version; after

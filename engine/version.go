@@ -35,8 +35,9 @@ type version struct {
 	// side: a version pipeline steps pinned that is not the function's
 	// current one (Engine.PinVersion); cleared if it becomes current.
 	side atomic.Bool
-	// topping: a top-up to min_instances is under way (reap.go).
-	topping  atomic.Bool
+	// warming: a warm to min_instances is under way, a top-up's or
+	// another's (warmCurrent), and no other is to begin beside it.
+	warming  atomic.Bool
 	toppedAt atomic.Int64 // Unix ns of the last top-up's start
 	topFails atomic.Int32 // top-ups failed in a row
 

@@ -189,13 +189,27 @@ func (a *asideWarms) drop(f *function) {
 
 // warmCurrent brings v up to its min_instances while it is f's current
 // version (a deploy landing meanwhile pre-warms the new one), and says why
-// it could not (logged here). A version not loaded yet is left to its
-// first request where its bundle would take the bundle cache past its
-// limit with those in use or being warmed (Cache.Reserve): requests
-// still load it. A pre-warm runs the bundle's constructors:
-// one that hangs must not hold a deploy (or a server's start, or the
-// reaper's top-up) for longer than a request may take.
+// it could not (logged here); unless a warm of v is under way already:
+// that one makes the instances. Two deploys (or a deploy and a rollback)
+// landing together each warmed the version current then, the same one:
+// both read no instance yet and made one each, two for a min_instances
+// of 1.
 func (e *Engine) warmCurrent(ctx context.Context, f *function, v *version) error {
+	if !v.warming.CompareAndSwap(false, true) {
+		return nil
+	}
+	defer v.warming.Store(false)
+	return e.warmTaken(ctx, f, v)
+}
+
+// warmTaken is warmCurrent's warm of v, whose warming its caller holds
+// (topUp holds it too). A version not loaded yet is left to its first
+// request where its bundle would take the bundle cache past its limit
+// with those in use or being warmed (Cache.Reserve): requests still load
+// it. A pre-warm runs the bundle's constructors: one that hangs must not
+// hold a deploy (or a server's start, or the reaper's top-up) for longer
+// than a request may take.
+func (e *Engine) warmTaken(ctx context.Context, f *function, v *version) error {
 	if !v.pool.ref() {
 		return nil
 	}
