@@ -34,10 +34,10 @@ func (e *Engine) Reap(now time.Time) {
 // above it to recover one, and the process ended.
 func (e *Engine) reapOne(f *function, v *version, now time.Time) {
 	defer func() { e.survived("reaping", f.name, recover()) }()
+	e.topUp(f, v, now)
 	if !v.loaded.Load() {
 		return
 	}
-	e.topUp(f, v, now)
 	ttl := v.idleTTL()
 	if ttl <= 0 {
 		return
@@ -66,7 +66,8 @@ func (e *Engine) unload(f *function, v *version) bool {
 }
 
 // topUp brings a current version that has fewer instances than its
-// min_instances back up to them, in the background: an instance that
+// min_instances back up to them (keepWarm: one whose pre-warm failed
+// before it was loaded too), in the background: an instance that
 // closed broken (a worker lost, a run past its deadline) is otherwise not
 // made again until a request needs one, and the version, kept loaded by
 // its minimum, holds its programs while it has none (neither the reaper
@@ -79,7 +80,7 @@ func (e *Engine) unload(f *function, v *version) bool {
 // doubling after each that failed (an init that keeps failing, a device
 // that refuses the memory) up to topUpDoublings times.
 func (e *Engine) topUp(f *function, v *version, now time.Time) {
-	keep := v.minInstances()
+	keep := e.keepWarm(v)
 	wait := topUpEvery << min(v.topFails.Load(), topUpDoublings)
 	if keep == 0 || now.UnixNano() < v.pool.backoffUntil.Load() || now.UnixNano()-v.toppedAt.Load() < int64(wait) ||
 		v.pool.building() || e.tab.currentOf(f) != v {
@@ -109,6 +110,23 @@ func (e *Engine) topUpNow(f *function, v *version) (err error) {
 		}
 	}()
 	return e.warmTaken(context.Background(), f, v) // v itself: a deploy meanwhile pre-warms its own
+}
+
+// keepWarm is the instances topUp keeps v at: its min_instances once it
+// is loaded; before, one where its record asks for some and its pre-warm
+// failed (the store unreachable a moment, the bundle cache full), which
+// left it cold until its first request: warmTaken then makes them all.
+// Not before a warm was tried: a deploy's or a poll's warm of it is under
+// way or to come, and a top-up beside it would take the warm over (one at
+// a time), the deploy answering before its instances are made.
+func (e *Engine) keepWarm(v *version) int {
+	switch {
+	case v.loaded.Load():
+		return v.minInstances() // its policy, read once loaded
+	case v.warmFailed.Load() && !v.side.Load() && e.wantsWarm(v.rec):
+		return 1
+	}
+	return 0
 }
 
 // topUpEvery is the least time between two top-ups of a version; after

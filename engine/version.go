@@ -37,9 +37,12 @@ type version struct {
 	side atomic.Bool
 	// warming: a warm to min_instances is under way, a top-up's or
 	// another's (warmCurrent), and no other is to begin beside it.
-	warming  atomic.Bool
-	toppedAt atomic.Int64 // Unix ns of the last top-up's start
-	topFails atomic.Int32 // top-ups failed in a row
+	warming atomic.Bool
+	// warmFailed: the last warm of v failed (warmTaken), so that the
+	// reaper tries again one that failed before v was loaded (topUp).
+	warmFailed atomic.Bool
+	toppedAt   atomic.Int64 // Unix ns of the last top-up's start
+	topFails   atomic.Int32 // top-ups failed in a row
 
 	loadState
 	pool pool

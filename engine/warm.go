@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/plover-run/plover/api"
 )
 
 // warm loads v and creates instances up to its min_instances.
@@ -68,7 +70,7 @@ func (e *Engine) Prewarm(ctx context.Context) error {
 	var firstErr error
 	for _, rec := range recs {
 		cv, err := rec.CurrentVersion()
-		if err != nil || cv.IsPipeline() || (cv.MinInstances == 0 && e.cfg.MinInstances == 0) {
+		if err != nil || !e.wantsWarm(cv) {
 			continue
 		}
 		if err := e.prewarmOne(ctx, rec.Name); err != nil && firstErr == nil {
@@ -112,10 +114,16 @@ func (e *Engine) warmIfWanted(ctx context.Context, f *function) {
 // landed since (a deploy here, which warms its own) alone.
 func (e *Engine) warmIfWantedAt(ctx context.Context, f *function, id string) {
 	v := e.tab.currentOf(f)
-	if v == nil || id != "" && v.rec.ID != id || v.rec.IsPipeline() || (v.rec.MinInstances == 0 && e.cfg.MinInstances == 0) {
+	if v == nil || id != "" && v.rec.ID != id || !e.wantsWarm(v.rec) {
 		return
 	}
 	e.warmCurrent(ctx, f, v)
+}
+
+// wantsWarm reports whether rv, by its record or the server's default,
+// asks for instances kept warm (a pipeline has none).
+func (e *Engine) wantsWarm(rv api.Version) bool {
+	return !rv.IsPipeline() && (rv.MinInstances > 0 || e.cfg.MinInstances > 0)
 }
 
 // warmAside pre-warms version id of f (warmIfWantedAt), which a poll
@@ -123,7 +131,7 @@ func (e *Engine) warmIfWantedAt(ctx context.Context, f *function, id string) {
 // request timeout, and the poll meanwhile follows the other functions'
 // changes (a delete among them). One at a time per function: a poll that
 // finds one under way leaves it the version it installed, warmed next
-// (the reaper tops up loaded versions only). Only a poll's version is
+// (the reaper tries again only a version whose warm failed). Only a poll's version is
 // warmed: one this node deployed, or a request landed, is warmed by its
 // own deploy or built by its request, and a second warm beside it made a
 // second instance. A panic is logged, as a poll's is.
@@ -217,6 +225,10 @@ func (e *Engine) warmTaken(ctx context.Context, f *function, v *version) error {
 	if e.tab.currentOf(f) != v {
 		return nil
 	}
+	// Failed unless it ends well, a panic too: the reaper then tries it
+	// again though it is not loaded (topUp).
+	warmed := false
+	defer func() { v.warmFailed.Store(!warmed) }()
 	release := func() {}
 	if !v.loaded.Load() {
 		// Reserved until the load holds the bundle in use, at its size
@@ -231,8 +243,7 @@ func (e *Engine) warmTaken(ctx context.Context, f *function, v *version) error {
 		}
 		// Released once the load holds the bundle in use, not after the
 		// constructors: counted twice meanwhile, it refused other
-		// pre-warms for nothing (and for good: a pre-warm refused is not
-		// tried again).
+		// pre-warms for nothing.
 		release = r
 		defer r() // a panic's too
 	}
@@ -242,5 +253,6 @@ func (e *Engine) warmTaken(ctx context.Context, f *function, v *version) error {
 	if err != nil {
 		e.cfg.Log.Warn("cannot make the instances min_instances keeps", "function", f.name, "version", v.rec.ID, "error", err)
 	}
+	warmed = err == nil
 	return err
 }
