@@ -224,16 +224,32 @@ type biller interface {
 	Bill(bill func(time.Duration))
 }
 
+// placeTok is the token of v's program loads on dev (placeToks).
+func (v *version) placeTok(dev device.Device) chan struct{} {
+	v.placeMu.Lock()
+	defer v.placeMu.Unlock()
+	tok := v.placeToks[dev]
+	if tok == nil {
+		if v.placeToks == nil {
+			v.placeToks = map[device.Device]chan struct{}{}
+		}
+		tok = make(chan struct{}, 1)
+		v.placeToks[dev] = tok
+	}
+	return tok
+}
+
 // place makes sure v's program is loaded on dev (library, entries,
 // constants), loading it once however many requests ask at the same time.
 // It says Cold when it loaded the program, Warm when it was there.
 func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*placement, call.Start, error) {
+	tok := v.placeTok(dev)
 	select {
-	case v.placeTok <- struct{}{}:
+	case tok <- struct{}{}:
 	case <-ctx.Done():
 		return nil, call.Cold, errorf(errdefs.KindTimeout, ctx.Err(), "function %s: the request's deadline passed while another request loaded it on %s", v.fn.name, dev.Name())
 	}
-	defer func() { <-v.placeTok }()
+	defer func() { <-tok }()
 	if p := v.pool.placement(dev); p != nil {
 		return p, call.Warm, nil
 	}
@@ -268,13 +284,17 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 		b.Bill(p.flow.Bill)
 	}
 	// The request this load serves logs it (coldStarted), with its own
-	// load time: the number its Server-Timing shows.
-	p.cold.Store(&coldLoad{fetched: v.fetched, fetchMs: v.prepMs, programMs: ms(time.Since(t0))})
+	// load time: the number its Server-Timing shows. The bundle's
+	// preparation is the first load's, on whichever device.
+	c := &coldLoad{programMs: ms(time.Since(t0))}
+	if prep := v.prep.Swap(nil); prep != nil {
+		c.fetched, c.fetchMs = prep.fetched, prep.fetchMs
+	}
+	p.cold.Store(c)
 	v.pool.placed(p)
 	if w, ok := prog.(exitWatcher); ok {
 		go v.watchExit(p, w)
 	}
-	v.prepMs, v.fetched = 0, false
 	return p, call.Cold, nil
 }
 

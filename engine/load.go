@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -19,14 +20,19 @@ import (
 // loadState is the version's bundle as load prepared it, and teardown
 // unloads (loadTok is taken in this file alone): written once, holding
 // loadTok, before loaded is set, and read-only after; but for refused (set
-// by a device's refusal) and prepMs and fetched, which the first program
-// load takes (under placeTok).
+// by a device's refusal) and prep, which the first program load takes.
 type loadState struct {
-	loadTok  chan struct{} // one fetch and unpack at a time; waits honour the request's deadline
-	placeTok chan struct{} // one program load per device at a time; waits honour the request's deadline
-	loaded   atomic.Bool
-	loadErr  error                         // a permanent refusal (invalid bundle), not an outage
-	refused  atomic.Pointer[errdefs.Error] // a device refused the library, or load refused the bundle (loadErr): as permanent
+	loadTok chan struct{} // one fetch and unpack at a time; waits honour the request's deadline
+	// placeToks is the token of the version's program loads on each
+	// device (placeTok): one load on a device at a time, however many
+	// requests ask; waits honour the request's deadline. One token for
+	// the version made two cold starts on two GPUs load one after the
+	// other.
+	placeMu   sync.Mutex
+	placeToks map[device.Device]chan struct{}
+	loaded    atomic.Bool
+	loadErr   error                         // a permanent refusal (invalid bundle), not an outage
+	refused   atomic.Pointer[errdefs.Error] // a device refused the library, or load refused the bundle (loadErr): as permanent
 
 	dir       string
 	manifest  *abi.Manifest
@@ -35,8 +41,10 @@ type loadState struct {
 	constSize int64
 	batch     *batcher // non-nil for a batching function (manifest "batch")
 	unpin     func()   // ends the version's use of its cached bundle
-	prepMs    float64  // fetch + verify + unpack, until the first program load logs it (placeTok)
-	fetched   bool
+	// prep is the fetch, verify and unpack of the bundle, until the first
+	// program load takes it for its cold start's log (place), whichever
+	// device it loads on.
+	prep atomic.Pointer[coldLoad]
 }
 
 // load prepares v's bundle on this node (fetched, verified, unpacked;
@@ -118,7 +126,7 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 		freed = v.batch
 	}
 	v.pool.open(e, v.policy.max, freed, time.Now())
-	v.prepMs, v.fetched = ms(time.Since(t0)), fetched // before loaded: place reads them then
+	v.prep.Store(&coldLoad{fetched: fetched, fetchMs: ms(time.Since(t0))})
 	v.loaded.Store(true)
 	return nil
 }

@@ -560,7 +560,7 @@ func (t *table) peek(name string) (*function, *version) {
 }
 
 func (t *table) newVersion(f *function, rv api.Version) *version {
-	v := &version{fn: f, rec: rv, lg: t.log, loadState: loadState{loadTok: make(chan struct{}, 1), placeTok: make(chan struct{}, 1)}}
+	v := &version{fn: f, rec: rv, lg: t.log, loadState: loadState{loadTok: make(chan struct{}, 1)}}
 	v.fill(&rv)
 	v.pool.v, v.pool.owner = v, v
 	return v
