@@ -86,6 +86,7 @@ type Engine struct {
 	slowReads     slowReads     // the records whose read the last poll's deadline cut (refresh)
 	pollDeadline  time.Duration // a test's bound on Watch's polls; 0: pollLimit
 	aside         asideWarms    // the functions a poll is pre-warming (warmAside)
+	fresh         newNames      // the names new here whose record a poll read (refreshNew)
 	unpacks       *unpackSlots  // the turns to unpack a deploy's bundle (unpackTurn)
 	spools        *spools       // the room for deploys' uploads (spool.go)
 }

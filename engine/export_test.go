@@ -237,3 +237,7 @@ func SetStoreCallBound(t *testing.T, d time.Duration) {
 	storeCallBound = d
 	t.Cleanup(func() { storeCallBound = old })
 }
+
+// Knows reports whether this node has name's function (resolved, deployed
+// or taken on by a poll), reading no store.
+func (e *Engine) Knows(name string) bool { return e.tab.function(name) != nil }

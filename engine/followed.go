@@ -1,9 +1,6 @@
 package engine
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -11,7 +8,6 @@ import (
 
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/funclog"
-	"github.com/plover-run/plover/registry"
 )
 
 // A node may follow the output of a function it has not loaded (plover logs
@@ -151,20 +147,22 @@ func (fl *followedLives) gone(logs *funclog.Store, name string, was followedIn) 
 }
 
 // toCheck drops what fl remembers of names no longer followed, and returns
-// the names followed here, but those loaded here, whose record's tag
-// differs from the one remembered (or is not known, or not listed), each
-// with what it remembers of them. A name missing from the listing is read
-// too, not taken for gone: the listing was taken before the loaded names
-// were refreshed, and a follower made since may be of a function made
-// since.
-func (fl *followedLives) toCheck(logs *funclog.Store, loaded map[string]bool, tags map[string]string) (changed map[string]followedIn) {
+// the names followed here, but those loaded here (all of them, as keys of
+// mine), and those whose record's tag differs from the one remembered (or
+// is not known, or not listed), each with what it remembers of them. A
+// name missing from the listing is read too, not taken for gone: the
+// listing was taken before the loaded names were refreshed, and a
+// follower made since may be of a function made since.
+func (fl *followedLives) toCheck(logs *funclog.Store, loaded map[string]bool, tags map[string]string) (mine map[string]bool, changed map[string]followedIn) {
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
 	followed := logs.Followed() // under fl.mu: no follower made since (follow)
+	mine = make(map[string]bool, len(followed))
 	for _, name := range followed {
 		if loaded[name] {
 			continue
 		}
+		mine[name] = true
 		in := fl.m[name]
 		if tag := tags[name]; tag == "" || tag != in.tag {
 			if changed == nil {
@@ -174,36 +172,7 @@ func (fl *followedLives) toCheck(logs *funclog.Store, loaded map[string]bool, ta
 		}
 	}
 	fl.pruneLocked(followed)
-	return changed
-}
-
-// refreshFollowed is Refresh's part for names followed here and not
-// loaded (loaded: those that are, as keys): one store read per changed
-// record per poll, whatever the number of followers. The names whose read
-// the last poll cut are read last (p.slow), and its errors are p's.
-func (e *Engine) refreshFollowed(ctx context.Context, loaded map[string]bool, tags map[string]string, p *poll) {
-	fl := &e.tab.followed
-	changed := fl.toCheck(e.logs, loaded, tags)
-	names := make([]string, 0, len(changed))
-	for name := range changed {
-		names = append(names, name)
-	}
-	slices.SortStableFunc(names, func(a, b string) int { return cmpBool(p.slow[a], p.slow[b]) })
-	for _, name := range names {
-		was := changed[name]
-		p.read(name, func() error {
-			rec, tag, err := e.tab.reg.GetTagged(ctx, name)
-			switch {
-			case errors.Is(err, registry.ErrNoFunction):
-				fl.gone(e.logs, name, was)
-			case err != nil:
-				return fmt.Errorf("reading the record of a function followed here: %w", err)
-			default:
-				fl.followIn(e.logs, name, rec, tag, was)
-			}
-			return nil
-		})
-	}
+	return mine, changed
 }
 
 // cmpBool orders false before true.

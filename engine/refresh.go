@@ -5,15 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"time"
 
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/registry"
 )
 
 // Refresh follows changes made elsewhere (another node's deploy, a
 // rollback, a delete) to the functions this node has resolved. It lists the
 // records' tags (one store request) and reads only the records whose tag
-// changed since this node last applied them, and those of the names
+// changed since this node last applied them, those of names new here
+// whose tag it has not read (refreshNew: a function deployed elsewhere that
+// asks for instances kept warm is pre-warmed here), and those of the names
 // followed here that it has not loaded (refreshFollowed). A store outage
 // changes nothing: loaded functions keep serving.
 func (e *Engine) Refresh(ctx context.Context) error { return e.refresh(ctx, ctx) }
@@ -43,7 +47,8 @@ func (e *Engine) refresh(ctx, life context.Context) error {
 		}
 		p.read(name, func() error { return e.refreshOne(ctx, life, name, tags) })
 	}
-	e.refreshFollowed(ctx, loaded, tags, p)
+	followed := e.refreshFollowed(ctx, life, loaded, tags, p)
+	e.refreshNew(ctx, life, loaded, followed, tags, p)
 	for _, name := range later {
 		p.read(name, func() error { return e.refreshOne(ctx, life, name, tags) })
 	}
@@ -60,14 +65,7 @@ func (e *Engine) refresh(ctx, life context.Context) error {
 // neither). The panic may leave the record half-applied (its new version
 // current, the old not retired); the next poll reads it again.
 func (e *Engine) refreshOne(ctx, life context.Context, name string, tags map[string]string) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = fmt.Errorf("function %s: applying its record panicked: %v", name, v)
-			if _, logged := e.refreshPanics.LoadOrStore(name, true); !logged {
-				e.cfg.Log.Error("applying a function's record panicked; it is left as it was", "function", name, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-			}
-		}
-	}()
+	defer e.recordPanicked(name, &err)
 	if tag, ok := tags[name]; ok && tag != "" && tag == e.tab.appliedTag(name) {
 		return nil // unchanged since applied
 	}
@@ -97,6 +95,113 @@ func (e *Engine) refreshOne(ctx, life context.Context, name string, tags map[str
 	}
 	e.refreshPanics.Delete(name)
 	return nil
+}
+
+// refreshFollowed is Refresh's part for names followed here and not
+// loaded (loaded: those that are, as keys), which it returns (as keys):
+// one store read per changed record per poll, whatever the number of
+// followers. A record that asks for instances kept warm is taken on and
+// pre-warmed under life, as refreshNew does for names new here; the table
+// then keeps the name's followers. The names whose read the last poll cut
+// are read last (p.slow), and its errors are p's.
+func (e *Engine) refreshFollowed(ctx, life context.Context, loaded map[string]bool, tags map[string]string, p *poll) map[string]bool {
+	fl := &e.tab.followed
+	mine, changed := fl.toCheck(e.logs, loaded, tags)
+	names := make([]string, 0, len(changed))
+	for name := range changed {
+		names = append(names, name)
+	}
+	slices.SortStableFunc(names, func(a, b string) int { return cmpBool(p.slow[a], p.slow[b]) })
+	for _, name := range names {
+		was := changed[name]
+		p.read(name, func() error {
+			at := e.tab.at()
+			rec, tag, err := e.tab.reg.GetTagged(ctx, name)
+			switch {
+			case errors.Is(err, registry.ErrNoFunction):
+				fl.gone(e.logs, name, was)
+			case err != nil:
+				return fmt.Errorf("reading the record of a function followed here: %w", err)
+			default:
+				took, wanted := e.takeOnWarm(life, name, rec, tag, at)
+				if !took {
+					if wanted {
+						tag = "" // overtaken by a change here: read again at the next poll
+					}
+					fl.followIn(e.logs, name, rec, tag, was)
+				}
+			}
+			return nil
+		})
+	}
+	return mine
+}
+
+// refreshNew is Refresh's part for names new here (loaded and followed:
+// those that are not, as keys; refreshFollowed reads the records of the
+// followed ones). Its errors are p's.
+func (e *Engine) refreshNew(ctx, life context.Context, loaded, followed map[string]bool, tags map[string]string, p *poll) {
+	for _, name := range e.fresh.toRead(loaded, followed, tags) {
+		p.read(name, func() error {
+			seen, err := e.refreshNewOne(ctx, life, name)
+			e.fresh.read(name, seen, err != nil)
+			return err
+		})
+	}
+}
+
+// refreshNewOne reads the record of name, new here, and takes the
+// function on (takeOnWarm); it returns the tag read not to read again
+// ("": none, the function taken on, gone, or to be read again).
+func (e *Engine) refreshNewOne(ctx, life context.Context, name string) (seen string, err error) {
+	defer e.recordPanicked(name, &err)
+	at := e.tab.at()
+	rec, tag, err := e.tab.reg.GetTagged(ctx, name)
+	if errors.Is(err, registry.ErrNoFunction) {
+		return "", nil // deleted since the listing: nothing to follow here
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading the record of a function new to this node: %w", err)
+	}
+	switch took, wanted := e.takeOnWarm(life, name, rec, tag, at); {
+	case took:
+		e.refreshPanics.Delete(name)
+		return "", nil
+	case wanted:
+		return "", nil // overtaken by a change here: read again at the next poll unless loaded
+	}
+	return tag, nil
+}
+
+// takeOnWarm makes this node run name's function, not loaded here, from
+// rec (read with tag at the table's epoch at) if its current version asks
+// for instances kept warm, and pre-warms it aside under life. It reports
+// whether it did, and whether the record asked (then, not done: a change
+// here overtook the read).
+func (e *Engine) takeOnWarm(life context.Context, name string, rec *api.Record, tag string, at uint64) (took, wanted bool) {
+	cv, err := rec.CurrentVersion()
+	if err != nil || !e.wantsWarm(cv) {
+		return false, false // a record it cannot read is a request's to report
+	}
+	f, changed := e.tab.switchTo(name, cv, rec, at, tag)
+	if f == nil {
+		return false, true
+	}
+	if changed {
+		e.warmAside(life, f, cv.ID)
+	}
+	return true, true
+}
+
+// recordPanicked, deferred, makes a panic while name's record is applied
+// name's error (*err), its stack logged once per name (refreshOne).
+func (e *Engine) recordPanicked(name string, err *error) {
+	if v := recover(); v != nil {
+		*err = fmt.Errorf("function %s: applying its record panicked: %v", name, v)
+		if _, logged := e.refreshPanics.LoadOrStore(name, true); !logged {
+			e.cfg.Log.Error("applying a function's record panicked; it is left as it was", "function", name, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+		}
+	}
 }
 
 // pollLimit is how long one poll of Watch may take: twice its interval,

@@ -62,6 +62,11 @@ func (e *Engine) Prewarm(ctx context.Context) error {
 	// every record in turn (a round trip each on S3), and 500 functions
 	// at 30 ms each took the default 30 s, so that the cut warmed none.
 	lctx, cancel := context.WithTimeout(ctx, prewarmListing*e.cfg.Timeout)
+	// The tags, listed before the records: a record listed here whose tag
+	// a poll finds unchanged is not read again as new here (refreshNew),
+	// which at a start beside thousands of functions read every record
+	// once more, a few per poll. One changed since has another tag.
+	tags, terr := e.tab.reg.Tags(lctx)
 	recs, err := e.tab.reg.List(lctx)
 	cancel()
 	if err != nil {
@@ -71,6 +76,9 @@ func (e *Engine) Prewarm(ctx context.Context) error {
 	for _, rec := range recs {
 		cv, err := rec.CurrentVersion()
 		if err != nil || !e.wantsWarm(cv) {
+			if tag := tags[rec.Name]; terr == nil && tag != "" {
+				e.fresh.read(rec.Name, tag, false)
+			}
 			continue
 		}
 		if err := e.prewarmOne(ctx, rec.Name); err != nil && firstErr == nil {
