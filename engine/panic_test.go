@@ -156,14 +156,7 @@ func TestPanicInARefreshIsItsNamesError(t *testing.T) {
 	redeploy(bug)
 	v2 := redeploy(echo)
 	armed.Store(true)
-	err = func() (err error) {
-		defer func() {
-			if p := recover(); p != nil {
-				t.Fatalf("Refresh panicked: %v", p)
-			}
-		}()
-		return e.Refresh(context.Background())
-	}()
+	err = noPanic(t, "Refresh", func() error { return e.Refresh(context.Background()) })
 	if err == nil || !strings.Contains(err.Error(), "function bug: applying its record panicked: a bug in the store") {
 		t.Fatalf("Refresh: %v, want bug's panic as its error", err)
 	}

@@ -227,14 +227,7 @@ func TestPrewarmAtStartSurvivesAPanic(t *testing.T) {
 	logs := &testkit.LogBuffer{}
 	b := testkit.Engine(t, engine.Config{Store: store, Devices: []device.Device{dev}, Log: slog.New(slog.NewTextHandler(logs, nil))})
 	dev.HealthBug.Store(true) // the first warm's
-	err = func() (err error) {
-		defer func() {
-			if p := recover(); p != nil {
-				t.Fatalf("Prewarm panicked: %v", p)
-			}
-		}()
-		return b.Prewarm(context.Background())
-	}()
+	err = noPanic(t, "Prewarm", func() error { return b.Prewarm(context.Background()) })
 	if err == nil || !strings.Contains(err.Error(), "panicked") {
 		t.Fatalf("Prewarm: %v, want the panic said", err)
 	}
@@ -244,4 +237,16 @@ func TestPrewarmAtStartSurvivesAPanic(t *testing.T) {
 	if n := info(t, b, "one").Idle + info(t, b, "two").Idle; n != 1 {
 		t.Errorf("%d instances warmed, want the function that did not panic warmed", n)
 	}
+}
+
+// noPanic is f's error, the test failed where f panics (what: what f
+// runs, for the failure).
+func noPanic(t *testing.T, what string, f func() error) error {
+	t.Helper()
+	defer func() {
+		if p := recover(); p != nil {
+			t.Fatalf("%s panicked: %v", what, p)
+		}
+	}()
+	return f()
 }
