@@ -74,57 +74,13 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 	if !abi.ValidName(name) {
 		return api.FunctionInfo{}, errorf(errdefs.KindBadRequest, nil, "function name %s must match [a-z0-9][a-z0-9-]{0,62}", errdefs.QuoteName(name))
 	}
-	room := &spoolRoom{e: e, ctx: ctx, tenant: o.Tenant, own: e.spools.of(o.Tenant)}
-	defer room.release() // last: once the file is removed
-	tmp, err := os.CreateTemp(e.cfg.SpoolDir, "plover-deploy-*")
-	if err != nil {
-		return api.FunctionInfo{}, e.diskError(name, "spooling", err)
-	}
-	defer os.Remove(tmp.Name())
-	defer tmp.Close()
-	sha, n, err := e.spool(name, body, tmp, room)
+	p, err := c.publish(ctx, name, body, o)
 	if err != nil {
 		return api.FunctionInfo{}, err
 	}
-	m, unpacked, err := e.unpackChecked(ctx, name, tmp, sha)
-	if err != nil {
-		return api.FunctionInfo{}, err
-	}
-	o.Unpacked = unpacked
-	if m.IsPipeline() {
-		sctx, cancel := storeCtx(ctx)
-		defer cancel()
-		if err := c.checkPipeline(sctx, name, m.Steps); err != nil {
-			return api.FunctionInfo{}, err
-		}
-		if !o.Aside || o.Label != "" {
-			if err := c.checkUsers(sctx, "deploy", name, m.Steps, o.Label, o.Aside); err != nil {
-				if !o.Force {
-					return api.FunctionInfo{}, err
-				}
-				warning = landedPast(err, "deployed with force")
-			}
-		}
-	}
-	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-		return api.FunctionInfo{}, errorf(errdefs.KindInternal, err, "deploy")
-	}
-	at := e.tab.at() // before the store changes: see land
-	// Each store step ends at a bound of its own, the upload's its size's:
-	// a store that stalled mid-upload held the deploy, its spool file and
-	// its part of --max-spool, for as long as the server ran.
-	o.Bound = uploadBound
-	pub, err := e.tab.reg.PublishWith(ctx, m, tmp, sha, n, o)
+	warning = p.warning
+	pub, sha, n := p.pub, p.sha, p.n
 	rv, created, current := pub.Version, pub.Created, pub.Current
-	if errors.Is(err, registry.ErrConflict) {
-		return api.FunctionInfo{}, errorf(errdefs.KindConflict, err, "deploy %s: %s", name, err.Error())
-	}
-	if errors.Is(err, registry.ErrPastBound) {
-		return api.FunctionInfo{}, errorf(errdefs.KindUnavailable, err, "deploy %s: %v (a store step's bound is 10 minutes, an upload's a second more a MiB of the bundle)", name, err)
-	}
-	if err != nil {
-		return api.FunctionInfo{}, storageError(err, "deploy %s: cannot write to the store", name)
-	}
 	if created && o.Label != "" {
 		e.tab.labelled(name, o.Label, rv.ID, pub.Record)
 		e.tab.unlabel(name, o.Label, rv.ID)
@@ -147,12 +103,84 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		e.cfg.Log.Info("deployed beside the current version", "function", name, "version", rv.ID, "label", o.Label, "sha256", sha[:12], "bytes", n)
 		return api.FunctionInfo{Name: name, Version: rv.ID, SHA256: rv.SHA256, Size: rv.Size, Created: rv.Created, Versions: versionCount(pub.Record)}, nil
 	}
-	f, err := e.tab.land(ctx, name, &rv, pub.Record, at)
+	f, err := e.tab.land(ctx, name, &rv, pub.Record, p.at)
 	if err != nil {
 		return api.FunctionInfo{}, errorf(errdefs.KindOf(err), err, "deployed %s version %s, but this node did not take it on: %v", name, rv.ID, err)
 	}
 	e.cfg.Log.Info("deployed", "function", name, "version", rv.ID, "sha256", sha[:12], "bytes", n)
 	return c.landed(ctx, f, name, rv, pub.Record), nil
+}
+
+// published is a deploy's bundle as the store took it (publish): its
+// publication, sha256 and size, the table's epoch before the store changed
+// (land), and a forced deploy's warning.
+type published struct {
+	pub     registry.Published
+	sha     string
+	n       int64
+	at      uint64
+	warning string
+}
+
+// publish spools a deploy's body, checks and unpacks it and publishes it
+// to the store. Its spool file and its part of --max-spool are given back
+// as it returns: the deploy then lands and warms the version, which for a
+// function with min_instances runs its constructors and hooks, up to the
+// request's timeout, while other uploads could wait for that room.
+func (c *Control) publish(ctx context.Context, name string, body io.Reader, o registry.PublishOptions) (p published, err error) {
+	e := c.e
+	room := &spoolRoom{e: e, ctx: ctx, tenant: o.Tenant, own: e.spools.of(o.Tenant)}
+	defer room.release() // last: once the file is removed
+	tmp, err := os.CreateTemp(e.cfg.SpoolDir, "plover-deploy-*")
+	if err != nil {
+		return published{}, e.diskError(name, "spooling", err)
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	sha, n, err := e.spool(name, body, tmp, room)
+	if err != nil {
+		return published{}, err
+	}
+	m, unpacked, err := e.unpackChecked(ctx, name, tmp, sha)
+	if err != nil {
+		return published{}, err
+	}
+	o.Unpacked = unpacked
+	if m.IsPipeline() {
+		sctx, cancel := storeCtx(ctx)
+		defer cancel()
+		if err := c.checkPipeline(sctx, name, m.Steps); err != nil {
+			return published{}, err
+		}
+		if !o.Aside || o.Label != "" {
+			if err := c.checkUsers(sctx, "deploy", name, m.Steps, o.Label, o.Aside); err != nil {
+				if !o.Force {
+					return published{}, err
+				}
+				p.warning = landedPast(err, "deployed with force")
+			}
+		}
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return published{}, errorf(errdefs.KindInternal, err, "deploy")
+	}
+	p.at = e.tab.at() // before the store changes: see land
+	// Each store step ends at a bound of its own, the upload's its size's:
+	// a store that stalled mid-upload held the deploy, its spool file and
+	// its part of --max-spool, for as long as the server ran.
+	o.Bound = uploadBound
+	pub, err := e.tab.reg.PublishWith(ctx, m, tmp, sha, n, o)
+	if errors.Is(err, registry.ErrConflict) {
+		return published{}, errorf(errdefs.KindConflict, err, "deploy %s: %s", name, err.Error())
+	}
+	if errors.Is(err, registry.ErrPastBound) {
+		return published{}, errorf(errdefs.KindUnavailable, err, "deploy %s: %v (a store step's bound is 10 minutes, an upload's a second more a MiB of the bundle)", name, err)
+	}
+	if err != nil {
+		return published{}, storageError(err, "deploy %s: cannot write to the store", name)
+	}
+	p.pub, p.sha, p.n = pub, sha, n
+	return p, nil
 }
 
 // spool copies a deploy's body into tmp, hashing it on the way (the

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/plover-run/plover/bundle"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
@@ -161,5 +163,47 @@ func waitHeld(t *testing.T, e *engine.Engine, n int64) {
 			t.Fatalf("the spool budget holds %d bytes, want %d", held, n)
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// A deploy's spool file and its part of --max-spool are given back once
+// the store has its bundle, not when the deploy returns: landing a
+// version with min_instances makes its instances first, running their
+// constructors and hooks for up to the request's timeout, while other
+// uploads waited for that room (a review's probe: a spool file held 7 s
+// by a plover_instance_init of 8 s).
+func TestADeploysSpoolIsFreeWhileItWarms(t *testing.T) {
+	d := &gatedDevice{Device: device.NewHost(0)}
+	spool := t.TempDir()
+	e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}, SpoolDir: spool})
+	m := testkit.Manifest("warm")
+	m.MinInstances = 1
+	b, _, _, err := bundle.PackBytes(testkit.BundleDir(t, m, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	making := d.arm(&d.newEntered, &d.newRelease, release)
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.Control().DeployAs(context.Background(), m.Name, "a", bytes.NewReader(b), false)
+		done <- err
+	}()
+	select {
+	case <-making: // the deploy's warm makes its instance
+	case err := <-done:
+		t.Fatalf("the deploy ended before it warmed its version: %v", err)
+	}
+	node, part := e.SpoolHeld("a")
+	left, err := os.ReadDir(spool)
+	close(release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if node != 0 || part != 0 || len(left) != 0 {
+		t.Errorf("while the deploy warms its version: %d bytes of the node's spool budget held, %d of its tenant's, %d files in the spool; want none", node, part, len(left))
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
