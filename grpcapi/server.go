@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
@@ -326,6 +327,14 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 // freed or dropped it, or its connection closes (marshalCall).
 func (s *Server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	ctx = s.takeRefusal(ctx, req) // first: every decoded request comes here
+	// Answers go uncompressed whatever the call's grpc-encoding (the
+	// server takes no compressed message, but a call may say gzip and send
+	// one uncompressed): gRPC-Go answers in the call's encoding, and a
+	// gzip answer cost the server CPU uncounted in its I/O time and was
+	// compressed into buffers of gRPC-Go's own, the held ones freed as it
+	// queued them, which gave a large answer's place back before a byte
+	// was written. Identity is always accepted.
+	_ = grpc.SetSendCompressor(ctx, encoding.Identity)
 	if c, ok := ctx.Value(pendingKey{}).(*pending); ok {
 		// From here the place is the handler's until it returns, as an
 		// HTTP request's is: a client that cancels must not free it while
