@@ -85,8 +85,8 @@ const (
 var Hooks = []string{SymLoad, SymUnload, SymInstanceInit, SymInstanceFini}
 
 // ReservedFunctions are the functions with ReservedPrefix that the runtime
-// calls in an ABI 2 bundle: PLOVER_BUNDLE's and the hooks. Another a typo
-// away from a hook's is one it would never call, refused at deploy.
+// calls in an ABI 2 bundle: PLOVER_BUNDLE's and the hooks. Another one typo
+// from a hook's is one it would never call, refused at deploy.
 var ReservedFunctions = append([]string{SymLastError, SymSetError, SymSetReject}, Hooks...)
 
 // EntriesSection is the ELF section where ABI 2's PLOVER_ENTRY records each

@@ -333,6 +333,18 @@ func Suggest(name string, candidates []string) string {
 	return best
 }
 
+// OneTypo is the candidate name is one typo away from (a byte inserted,
+// dropped, changed, or two swapped; case counts), or "" for none: a
+// tighter match than Suggest's, for refusing a name rather than hinting.
+func OneTypo(name string, candidates []string) string {
+	for _, c := range candidates {
+		if typoDistance(name, c) == 1 {
+			return c
+		}
+	}
+	return ""
+}
+
 // typoDistance is the optimal string alignment distance between a and b:
 // insertions, deletions, substitutions and swaps of adjacent bytes.
 func typoDistance(a, b string) int {

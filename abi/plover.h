@@ -68,7 +68,7 @@
  * plover.h declares them PLOVER_EXPORT, so a definition at global scope
  * is exported under its C name even without PLOVER_EXPORT (which C++'s
  * mangling and -fvisibility=hidden would otherwise need). Deploy refuses
- * an exported function named a typo away from a hook (plover_instance_int:
+ * an exported function named one typo from a hook (plover_instance_int:
  * it would never be called), and a C++ function of a hook's name with
  * another signature or in a namespace:
  *

@@ -43,7 +43,11 @@ func checkDir(dir string) (*abi.Manifest, error) {
 			return nil, constantsError(dir, m, err)
 		}
 	}
-	if _, err := loader.CheckBundle(dir, m, m.Target); err != nil {
+	info, err := loader.CheckBundle(dir, m, m.Target)
+	if err != nil {
+		return nil, err
+	}
+	if err := info.CheckHooks(filepath.Join(dir, m.Library)); err != nil { // deploy's alone: see CheckHooks
 		return nil, err
 	}
 	return m, nil

@@ -289,7 +289,11 @@ func (e *Engine) checkBundle(name, dir string, m *abi.Manifest) error {
 	if m.IsPipeline() {
 		return nil // no library: its steps are checked against the store (checkPipeline)
 	}
-	if _, err := loader.CheckBundle(dir, m, m.Target); err != nil {
+	info, err := loader.CheckBundle(dir, m, m.Target)
+	if err == nil {
+		err = info.CheckHooks(filepath.Join(dir, m.Library)) // deploy's alone: see CheckHooks
+	}
+	if err != nil {
 		if isNodeFault(err) {
 			return e.diskError(name, "checking", err)
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -205,5 +206,29 @@ func TestADeploysSpoolIsFreeWhileItWarms(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Deploy refuses a bundle exporting a hook's typo, which the runtime would
+// never call (loader.Info.CheckHooks): a program's load does not check it,
+// so the refusal is deploy's own.
+func TestDeployRefusesAHooksTypo(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "typo.cu")
+	def := "#include \"" + testkit.KernelsSource() + "\"\nPLOVER_EXPORT void plover_instance_int(plover_state_t *s) { (void)s; }\n"
+	if err := os.WriteFile(src, []byte(def), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := testkit.Manifest("typo")
+	testkit.BuildLib(t, src, dir, m.Library)
+	testkit.WriteManifest(t, dir, m)
+	b, _, _, err := bundle.PackBytes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := testkit.Engine(t, engine.Config{})
+	_, err = e.Control().DeployAs(context.Background(), m.Name, "", bytes.NewReader(b), false)
+	if errdefs.KindOf(err) != errdefs.KindInvalid || !strings.Contains(err.Error(), `exports the function plover_instance_int, which the runtime never calls`) {
+		t.Errorf("deploying a hook's typo: %v (%v), want it refused naming the function", err, errdefs.KindOf(err))
 	}
 }

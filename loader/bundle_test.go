@@ -80,7 +80,11 @@ func TestCheckBundle(t *testing.T) {
 	testkit.BuildLib(t, src, dir, "typo.so")
 	m = testkit.Manifest("fn")
 	m.Library = "typo.so"
-	if _, err := loader.CheckBundle(dir, m, abi.TargetHost); err == nil || !strings.Contains(err.Error(), `typo.so: exports the function plover_unlaod, which the runtime never calls`) || !strings.HasSuffix(err.Error(), `(did you mean "plover_unload"?)`) {
+	info, err := loader.CheckBundle(dir, m, abi.TargetHost)
+	if err != nil {
+		t.Fatalf("a hook's typo, checked as a load checks it: %v", err)
+	}
+	if err := info.CheckHooks(filepath.Join(dir, m.Library)); err == nil || !strings.Contains(err.Error(), `typo.so: exports the function plover_unlaod, which the runtime never calls`) || !strings.HasSuffix(err.Error(), `(did you mean "plover_unload"?)`) {
 		t.Fatalf("a hook's typo: %v", err)
 	}
 }

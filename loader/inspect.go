@@ -256,9 +256,6 @@ func (info *Info) Check(path, target string, kernels []string) error {
 	if info.Target != target {
 		return &Error{Path: path, Reason: fmt.Sprintf("built for target %q, the device is %q", info.Target, target)}
 	}
-	if err := info.checkReserved(); err != nil {
-		return &Error{Path: path, Reason: err.Error()}
-	}
 	for _, k := range kernels {
 		if err := info.CheckEntry(k); err != nil {
 			return &Error{Path: path, Reason: err.Error()}
@@ -267,17 +264,18 @@ func (info *Info) Check(path, target string, kernels []string) error {
 	return nil
 }
 
-// checkReserved refuses, in an ABI 2 bundle, an exported function that
-// looks like a hook but that the runtime never calls, so that deploy says
-// so instead of the function running without it (s->program NULL, wrong
-// answers): a name with the reserved prefix a typo away from a hook's
-// (plover_instance_int), or a C++ function of a hook's name, or a typo of
-// one, whose name is mangled (another signature, a namespace or class,
+// CheckHooks refuses, in an ABI 2 bundle, an exported function that looks
+// like a hook but that the runtime never calls, so that deploy says so
+// instead of the function running without it (s->program NULL, wrong
+// answers): a name with the reserved prefix one typo from a hook's
+// (plover_instance_int), or a C++ function of a hook's name, or one typo
+// from it, whose name is mangled (another signature, a namespace or class,
 // which plover.h's extern "C" declaration of the hooks does not cover).
-// Another exported function of the prefix (an author's plover_sum) is
-// left alone: no hook's typo, and refused it would stop a bundle deployed
-// before this check from loading at all.
-func (info *Info) checkReserved() error {
+// Deploy runs it, not a program's load (Check): refused there, a bundle
+// deployed before it, exporting an author's plover_log, would stop
+// loading after an upgrade. Another function of the prefix two typos or
+// more from a hook (plover_sum, plover_lock) is left alone.
+func (info *Info) CheckHooks(path string) error {
 	if info.ABI.Major < 2 {
 		return nil // ABI 1 has no hooks: a plover_ function there is no one's
 	}
@@ -288,20 +286,21 @@ func (info *Info) checkReserved() error {
 	sort.Strings(funcs) // the same refusal for the same library
 	for _, f := range funcs {
 		name := mangledName(f)
+		var reason string
 		switch {
-		case strings.HasPrefix(f, abi.ReservedPrefix) && !slices.Contains(abi.ReservedFunctions, f) && nearHook(f):
-			return fmt.Errorf("exports the function %s, which the runtime never calls: no ABI function has that name%s", f, didYouMean(f, abi.Hooks))
+		case strings.HasPrefix(f, abi.ReservedPrefix) && !slices.Contains(abi.ReservedFunctions, f) && abi.OneTypo(f, abi.Hooks) != "":
+			reason = fmt.Sprintf("exports the function %s, which the runtime never calls: no ABI function has that name (did you mean %q?)", f, abi.OneTypo(f, abi.Hooks))
 		case slices.Contains(abi.Hooks, name):
-			return fmt.Errorf("exports %s, a C++ function named %s that is not the hook, which the runtime never calls: its name is mangled (C++ linkage: another signature, a namespace or class, or a plover.h older than its declaration of the hooks); define it at global scope as PLOVER_EXPORT void %s(plover_state_t *s)", f, name, name)
-		case strings.HasPrefix(name, abi.ReservedPrefix) && nearHook(name):
-			return fmt.Errorf("exports %s, a C++ function named %s, which the runtime never calls%s", f, name, didYouMean(name, abi.Hooks))
+			reason = fmt.Sprintf("exports %s, a C++ function named %s that is not the hook, which the runtime never calls: its name is mangled (C++ linkage: another signature, a namespace or class, or a plover.h older than its declaration of the hooks); define it at global scope as PLOVER_EXPORT void %s(plover_state_t *s)", f, name, name)
+		case strings.HasPrefix(name, abi.ReservedPrefix) && abi.OneTypo(name, abi.Hooks) != "":
+			reason = fmt.Sprintf("exports %s, a C++ function named %s, which the runtime never calls (did you mean %q?)", f, name, abi.OneTypo(name, abi.Hooks))
+		default:
+			continue
 		}
+		return &Error{Path: path, Reason: reason}
 	}
 	return nil
 }
-
-// nearHook says whether name is a typo away from a hook's.
-func nearHook(name string) bool { return abi.Suggest(name, abi.Hooks) != "" }
 
 // mangledName is the unqualified name of a C++ function's symbol mangled
 // as the Itanium ABI does it: _Z<length><name>... at namespace scope,

@@ -357,14 +357,10 @@ func TestHooksTheRuntimeWouldNotCall(t *testing.T) {
 	tests := []struct {
 		name, def string
 		args      []string
-		want      string // "" loads, and plover_load resolves
+		want      string // CheckHooks' refusal; "": none, and plover_load resolves
 	}{
 		{"a typo of a hook", `PLOVER_EXPORT void plover_instance_int(plover_state_t *s) { (void)s; }`, nil,
 			`exports the function plover_instance_int, which the runtime never calls: no ABI function has that name (did you mean "plover_instance_init"?)`},
-		// An author's own function of the prefix, a typo of no hook, loads:
-		// bundles deployed before the check must go on loading.
-		{"a reserved name like no hook", `PLOVER_EXPORT void plover_helper(void) {}` + load, nil, ""},
-		{"a C++ function of the prefix like no hook", `void plover_sum(float *a) { (void)a; }` + load, nil, ""},
 		{"a C++ hook of another signature", `void plover_load(void *s) { (void)s; }`, nil,
 			`exports _Z11plover_loadPv, a C++ function named plover_load that is not the hook, which the runtime never calls: its name is mangled`},
 		{"a C++ hook in a namespace", `namespace fn { void plover_unload(plover_state_t *s) { (void)s; } }`, nil,
@@ -373,12 +369,31 @@ func TestHooksTheRuntimeWouldNotCall(t *testing.T) {
 			`exports _Z19plover_instance_intP12plover_state, a C++ function named plover_instance_int, which the runtime never calls (did you mean "plover_instance_init"?)`},
 		{"a C++ hook without PLOVER_EXPORT", `void plover_load(plover_state_t *s) { (void)s; }`, nil, ""},
 		{"a hook without PLOVER_EXPORT, hidden by default", `void plover_load(plover_state_t *s) { (void)s; }`, []string{"-fvisibility=hidden"}, ""},
+		// An author's own functions of the prefix, two typos or more from
+		// any hook, are left alone (a review found Suggest's two edits
+		// refused plover_lock, plover_read, plover_upload and more).
+		{"a reserved name like no hook", `PLOVER_EXPORT void plover_helper(void) {}` + load, nil, ""},
+		{"helpers two typos from a hook", `PLOVER_EXPORT void plover_lock(void) {}
+PLOVER_EXPORT void plover_read(void) {}
+PLOVER_EXPORT void plover_loaded(void) {}
+PLOVER_EXPORT void plover_instance_info(void) {}` + load, nil, ""},
+		{"a C++ function of the prefix like no hook", `void plover_sum(float *a) { (void)a; }` + load, nil, ""},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			name := fmt.Sprintf("hook%d", i)
 			src := writeSrc(t, dir, name+".cu", "#include \"plover.h\"\nPLOVER_BUNDLE(\"host\");\n"+tt.def+"\nPLOVER_ENTRY(k) { (void)s; }\n")
-			lib := openHost(t, testkit.BuildLib(t, src, dir, name+".so", tt.args...), []string{"k"}, tt.want)
+			path := testkit.BuildLib(t, src, dir, name+".so", tt.args...)
+			info, err := loader.Inspect(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := info.CheckHooks(path); tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)) {
+				t.Fatalf("CheckHooks: %v, want %q", err, tt.want)
+			}
+			// A program's load refuses none of them: a bundle deployed
+			// before deploy checked its hooks must go on loading.
+			lib := openHost(t, path, []string{"k"}, "")
 			if tt.want == "" && lib.Load == nil {
 				t.Fatal("plover_load not resolved")
 			}
