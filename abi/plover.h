@@ -241,24 +241,25 @@ static inline const char *plover_take_device_error_(void) {
   cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? NULL : cudaGetErrorName(e);
 }
-/* Whether a CUDA error is pending: it came before a plover_fail or
- * plover_reject called now, so it, not their message, is the request's. */
-static inline int plover_device_failed_(void) { return cudaPeekAtLastError() != cudaSuccess; }
 #else
 static inline const char *plover_take_device_error_(void) { return NULL; }
-static inline int plover_device_failed_(void) { return 0; }
 #endif
 
 #define PLOVER_BUNDLE(target)                                               \
   PLOVER_EXPORT const uint32_t plover_abi_version = PLOVER_ABI_VERSION;     \
   PLOVER_EXPORT const char plover_target[] = target;                        \
   static __thread const char *plover_error_;                                \
+  /* A CUDA error pending when a failure or refusal comes came first: it   \
+   * is taken now, so that a later cudaGetLastError() cannot lose both. */  \
   PLOVER_EXPORT void plover_set_error_(const char *msg) {                   \
-    if (plover_error_ == NULL && !plover_device_failed_()) plover_error_ = msg; \
+    if (plover_error_ != NULL) return;                                      \
+    plover_error_ = plover_take_device_error_();                            \
+    if (plover_error_ == NULL) plover_error_ = msg;                         \
   }                                                                         \
   static __thread char plover_rejected_[257];                               \
   PLOVER_EXPORT void plover_set_reject_(const char *msg) {                  \
-    if (plover_error_ != NULL || plover_device_failed_()) return;           \
+    if (plover_error_ != NULL) return;                                      \
+    if ((plover_error_ = plover_take_device_error_()) != NULL) return;      \
     /* \x1e (record separator) first: the runtime reads it as a refusal. */ \
     plover_rejected_[0] = '\x1e';                                           \
     size_t i = 0;                                                           \

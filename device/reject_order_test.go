@@ -18,12 +18,20 @@ const orderSource = `#include "plover_kernel.h"
 PLOVER_BUNDLE("host");
 __global__ void touch(uint8_t *p) { p[0] = 1; }
 #define BAD_LAUNCH(s) PLOVER_LAUNCH(touch, 1, 2048, s, (s)->out.dat)
+#ifdef __CUDACC__
+#define CLEAR() (void)cudaGetLastError() /* an author's cleanup, or a library's */
+#else
+#define CLEAR()
+#endif
 PLOVER_ENTRY(launch_then_reject) { BAD_LAUNCH(s); plover_reject(s, "bad input"); }
 PLOVER_ENTRY(launch_then_fail) { BAD_LAUNCH(s); plover_fail(s, "failed after the launch"); }
+PLOVER_ENTRY(launch_reject_clear) { BAD_LAUNCH(s); plover_reject(s, "bad input"); CLEAR(); }
+PLOVER_ENTRY(launch_fail_clear) { BAD_LAUNCH(s); plover_fail(s, "failed after the launch"); CLEAR(); }
 PLOVER_ENTRY(reject_then_launch) { plover_reject(s, "bad input"); BAD_LAUNCH(s); }
 `
 
-// The first failure or refusal of a run wins on both targets: a refusal
+// The first failure or refusal of a run wins on both targets, whatever
+// clears a CUDA error after it: a refusal
 // after a launch that failed is the launch's failure (500), not the
 // client's fault (422), as the host simulator, which records a failed
 // launch at once, always had it; a refusal before one stays a refusal.
@@ -51,7 +59,10 @@ func TestFailedLaunchWinsOverLaterRefusal(t *testing.T) {
 				return ke
 			}
 			var failed string
-			for _, entry := range []string{"launch_then_reject", "launch_then_fail"} {
+			// The launch's error is taken as the failure comes: an error
+			// cleared after it (cudaGetLastError) lost both, and the
+			// request succeeded.
+			for _, entry := range []string{"launch_then_reject", "launch_then_fail", "launch_reject_clear", "launch_fail_clear"} {
 				ke := run(entry)
 				if ke.Rejected || !strings.Contains(ke.Msg, "cudaError") {
 					t.Errorf("%s: %v, want the launch's failure", entry, ke)
