@@ -173,7 +173,7 @@ func MkdirAllDurable(dir string, perm os.FileMode) error {
 		case busy != nil:
 			awaitMaker(busy)
 		case m != nil:
-			return makes.settle(m, mkdirSynced(dir, perm, todo))
+			return makes.made(m, dir, perm, todo)
 		case present:
 			return nil
 		default:
@@ -288,6 +288,23 @@ func (r *registry) claim(dir string, todo []string, seen uint64) (*making, <-cha
 	r.pending[m.top] = m
 	return m, nil
 }
+
+// made makes todo under m, the claim of this call, and settles it, as
+// failed should the making panic: a claim left pending would hold every
+// later call for dir, or below it, for good.
+func (r *registry) made(m *making, dir string, perm os.FileMode, todo []string) error {
+	settled := false
+	defer func() {
+		if !settled {
+			r.settle(m, errMakePanicked)
+		}
+	}()
+	err := mkdirSynced(dir, perm, todo)
+	settled = true
+	return r.settle(m, err)
+}
+
+var errMakePanicked = errors.New("making the directories panicked")
 
 // settle ends m with err, which it returns. A failed make counts before
 // its waiters wake, so that one which saw its directory before the

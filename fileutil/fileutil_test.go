@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 	"testing/iotest"
+	"time"
 )
 
 // LinkOrCopy gives dst src's bytes, linked on one file system, and replaces
@@ -412,5 +413,35 @@ func TestSyncDir(t *testing.T) {
 	}
 	if err := SyncDir(filepath.Join(dir, "missing")); err == nil {
 		t.Error("a missing directory: no error")
+	}
+}
+
+// A making that panics (a bug under a sync) settles its claim as failed:
+// left pending, every later call for its directory, or one below it,
+// waited for it for good. The next call makes and syncs the directory
+// itself.
+func TestMkdirAllDurableAfterAPanic(t *testing.T) {
+	defer func(f func(*os.File) error) { syncDir = f }(syncDir)
+	dir := filepath.Join(t.TempDir(), "a", "b")
+	syncDir = func(*os.File) error { panic("a sync bug") }
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the first call did not panic")
+			}
+		}()
+		MkdirAllDurable(dir, 0o755)
+	}()
+	var synced int
+	syncDir = func(*os.File) error { synced++; return nil }
+	done := make(chan error, 1)
+	go func() { done <- MkdirAllDurable(filepath.Join(dir, "c"), 0o755) }()
+	select {
+	case err := <-done:
+		if err != nil || synced == 0 {
+			t.Errorf("the call after the panic: %v, %d syncs; want the directories made and synced", err, synced)
+		}
+	case <-time.After(10 * time.Second): // a bound for a hang, not a timing
+		t.Fatal("the call after a panicked making waited for its claim")
 	}
 }
