@@ -303,3 +303,42 @@ func TestAKeptSlotIsNotItsClassTurn(t *testing.T) {
 		t.Errorf("in a minute of 50 ms runs: the batch flood had %d runs (want one each MaxWait and a run: 200), the light batch function %d (1200), the latency flood %d (3400)", l.runs[a], l.runs[light], l.runs[x])
 	}
 }
+
+// One batch flow's long turn does not hold back its class's other flows'
+// turns: beside a batch tenant of 25 s runs, a batch tenant of two clients
+// of 10 ms runs still has a turn each MaxWait or so (a run each of its
+// clients every two) while a latency flood of 30 ms runs turns over the
+// other slots. With one turn of a class at a time, lasting until its run
+// ended, the short tenant waited 25.6 s (600 ms before turns).
+func TestALongTurnDoesNotHoldBackItsClassOtherFlows(t *testing.T) {
+	const maxWait, long, short, flood = 200 * time.Millisecond, 25 * time.Second, 10 * time.Millisecond, 30 * time.Millisecond
+	var x, y *Flow
+	l := newLoop(t, Config{MaxRuns: 4, Reserve: 1, MaxWait: maxWait}, nil)
+	// x's and y's first runs take a flood run's time (they are not named
+	// yet), so that x has runs queued, and turns, from the start.
+	l.dur = func(f *Flow) time.Duration {
+		switch f {
+		case x:
+			return long
+		case y:
+			return short
+		}
+		return flood
+	}
+	x = l.flow("x", Batch, 2)
+	y = l.flow("y", Batch, 2)
+	z := l.flow("z", Latency, 40)
+	// Past the start, where x's first turn held y's runs queued before
+	// it back again from its start.
+	l.run(time.Second)
+	l.started[y] = 0
+	l.run(time.Minute)
+	// Each of y's two runs queued waits for a turn of its own: MaxWait
+	// and a flood run for a slot to come free, twice, and a run of y.
+	if most := 2*(maxWait+flood) + short; l.waited(y) > most {
+		t.Errorf("a 10 ms batch flow beside a 25 s one waited up to %v (%d runs in a minute), want at most %v", l.waited(y), l.runs[y], most)
+	}
+	if l.runs[x] < 2 || l.part(z, x) < 0.5 {
+		t.Errorf("in a minute: the 25 s batch flow had %d runs (want 2 or more) and the latency flood %.3f of the device beside it (want half or more)", l.runs[x], l.part(z, x))
+	}
+}

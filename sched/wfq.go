@@ -2,6 +2,7 @@ package sched
 
 import (
 	"math"
+	"slices"
 	"time"
 )
 
@@ -29,8 +30,9 @@ func init() {
 // busier class (or beside a low-share light function's runs) behind it, and
 // a flow that woke beside that one had nothing until it caught up. A
 // class held back by higher ones longer than maxWait since its last run
-// ended has a turn: its next run in fair order goes first, and its next
-// turn is maxWait of holding back after that run ends (Pick): priorities
+// ended and its last turn started has a turn: its next run in fair order,
+// of its flows without a turn's run on the device, goes first, while
+// fewer than maxTurns turns' runs are on the device (Pick): priorities
 // order runs but starve none.
 type WFQ struct {
 	maxWait time.Duration
@@ -42,24 +44,32 @@ type WFQ struct {
 	// been held back by higher ones (zero: it is not): from the first
 	// pick that passed its runs over for a higher class's, backdated to
 	// when they queued behind one, but not past the last end of a run of
-	// c (ended: until then c held a slot). It holds while every pick
-	// finds c's runs queued below a higher class's, and ends with c's
-	// turn: a run of c that Pick sends out of priority order. Per pick,
-	// not per moment: between a closed-loop flood's runs its queue is
-	// empty for microseconds, and counted so a flood of two clients would
-	// hold every lower class back for good. A class is not held back
-	// while its turn's run is on the device (turn): counted from the
-	// turn's start, a backlog of runs longer than maxWait was held back
-	// again as each ended, and took every turn from a latency flood.
-	behind [numClasses]time.Time
-	turn   [numClasses]turn
-	ended  [numClasses]time.Time
-	given  *Flow // the flow Pick last sent out of priority order, for Started
+	// c (ended: until then c held a slot) nor the last start of its turn
+	// (lastTurn). It holds while every pick finds c's runs queued below a
+	// higher class's, and ends with c's turn: a run of c that Pick sends
+	// out of priority order. Per pick, not per moment: between a
+	// closed-loop flood's runs its queue is empty for microseconds, and
+	// counted so a flood of two clients would hold every lower class back
+	// for good.
+	behind   [numClasses]time.Time
+	ended    [numClasses]time.Time
+	lastTurn [numClasses]time.Time
+	// turns are the turns' runs on the device. A flow with one has no
+	// other turn until it ends: counted from the turn's start, a backlog
+	// of runs longer than maxWait was held back again as each ended, and
+	// took every turn from a latency flood. Its class's other flows do:
+	// while one flow's 25 s run held its class's only turn, another's
+	// 10 ms runs waited 25 s beside a flood turning the other slots over.
+	// At most maxTurns of them at once, every class's together: per
+	// class, two lower classes' backlogs of long runs took every slot.
+	turns []turn
+	given *Flow // the flow Pick last sent out of priority order, for Started
 }
 
-// turn is the run a class's turn started: its flow and start.
+// turn is a run that a class's turn started: its flow, class and start.
 type turn struct {
 	f  *Flow
+	c  Class
 	at time.Time
 }
 
@@ -148,8 +158,13 @@ const wakeLag = 10 * time.Millisecond
 func (w *WFQ) Started(f *Flow, now time.Time) float64 {
 	st := w.state(f)
 	c := f.Class()
-	if f == w.given {
-		w.turn[c], w.behind[c] = turn{f, now}, time.Time{}
+	// Honoured only for the pick's own run, started while it is still
+	// queued (dispatch): a pick whose run dispatch refused (its deadline
+	// passed) leaves given set, and the flow's next run, started on a
+	// free slot with nothing queued (join), was taken for a turn.
+	if f == w.given && len(f.queue) > 0 {
+		w.turns = append(w.turns, turn{f, c, now})
+		w.behind[c], w.lastTurn[c] = time.Time{}, now
 	}
 	w.given = nil
 	w.vnow[c] = math.Max(w.vnow[c], math.Min(st.tag, w.floor(f, now)))
@@ -299,27 +314,26 @@ func (w *WFQ) Reweighed(f *Flow, old float64, oldClass Class, inflight float64, 
 // Pick implements Policy. The highest class with a run in waiting is
 // served, its flows in fair order (the least virtual time, then the oldest
 // run), unless a lower class has been held back by higher ones past
-// maxWait (starved): then its flow next in fair order goes instead, the
-// class held back longest first. Counted from its runs' age, a lower
-// class's backlog, whose runs age in its own queue, was always past maxWait
-// and went first at every pick: runs went in arrival order across classes,
-// and the split went by client count. A turn goes in its class's fair
-// order, not to its oldest run, which is a deep backlog's: by age, a
-// flow's part of its class's turns went by client count too.
+// maxWait (starved) and fewer than maxTurns turns' runs are on the device:
+// then its flow next in fair order of those without a turn's run on the
+// device goes instead, the class held back longest first. Counted from
+// its runs' age, a lower class's backlog, whose runs age in its own queue,
+// was always past maxWait and went first at every pick: runs went in
+// arrival order across classes, and the split went by client count. A
+// turn goes in its class's fair order, not to its oldest run, which is a
+// deep backlog's: by age, a flow's part of its class's turns went by
+// client count too.
 func (w *WFQ) Pick(waiting []*Flow, now time.Time) int {
-	var next [numClasses]int         // each class's flow next in fair order, plus 1 (0: none)
-	var oldest [numClasses]time.Time // each class's oldest run in waiting
+	var q queued
 	for i, f := range waiting {
 		c := f.Class()
-		if j := next[c] - 1; j < 0 || w.ahead(f, waiting[j]) {
-			next[c] = i + 1
-		}
-		if o := f.Oldest(); oldest[c].IsZero() || o.Before(oldest[c]) {
-			oldest[c] = o
+		q.all[c].add(w, waiting, i)
+		if !w.inTurn(f) {
+			q.free[c].add(w, waiting, i)
 		}
 	}
 	top := Class(0)
-	for next[top] == 0 { // waiting is never empty
+	for q.all[top].next == 0 { // waiting is never empty
 		top++
 	}
 	// Where some flows with runs queued are not in waiting (at their
@@ -329,48 +343,95 @@ func (w *WFQ) Pick(waiting []*Flow, now time.Time) int {
 	s := waiting[0].s
 	all := s == nil || len(waiting) == len(s.waiting)
 	w.given = nil
-	if c, ok := w.starved(&next, &oldest, top, all, now); ok {
-		w.given = waiting[next[c]-1]
-		return next[c] - 1
+	if c, ok := w.starved(&q, top, all, len(w.turns) < maxTurns(s), now); ok {
+		i := q.free[c].next - 1
+		w.given = waiting[i]
+		return i
 	}
-	return next[top] - 1
+	return q.all[top].next - 1
 }
 
-// starved brings behind up to this pick (next and oldest per class, as
-// Pick found them in waiting; top, the highest class there) and returns
-// the class held back past maxWait the longest, if any: of two held back
-// as long, the higher.
-func (w *WFQ) starved(next *[numClasses]int, oldest *[numClasses]time.Time, top Class, all bool, now time.Time) (Class, bool) {
+// queued is what Pick found in waiting, per class: of all its flows, and
+// of those without a turn's run on the device (free: those a turn may go
+// to).
+type queued struct{ all, free [numClasses]head }
+
+// head is a class's flow next in fair order, plus 1 (0: none), and its
+// oldest run in waiting.
+type head struct {
+	next   int
+	oldest time.Time
+}
+
+// add counts waiting[i] in h.
+func (h *head) add(w *WFQ, waiting []*Flow, i int) {
+	f := waiting[i]
+	if h.next == 0 || w.ahead(f, waiting[h.next-1]) {
+		h.next = i + 1
+	}
+	if o := f.Oldest(); h.oldest.IsZero() || o.Before(h.oldest) {
+		h.oldest = o
+	}
+}
+
+// starved brings behind up to this pick (q, as Pick found waiting; top,
+// the highest class there) and returns the class held back past maxWait
+// the longest, if any (of two held back as long, the higher), where a
+// turn may start (open: fewer than maxTurns on the device).
+func (w *WFQ) starved(q *queued, top Class, all, open bool, now time.Time) (Class, bool) {
 	var (
 		found        bool
 		which        Class
 		since, above time.Time // above: the oldest run in waiting of a class above c
 	)
 	for c := range numClasses {
-		queued := next[c] > 0
+		free := q.free[c]
 		switch {
-		case c > top && queued && w.turn[c].f == nil:
+		case c > top && free.next > 0:
 			if w.behind[c].IsZero() {
 				// Its runs were queued behind a higher class's
 				// before this pick (another's run held the slot).
-				w.behind[c] = later(later(oldest[c], above), w.ended[c])
+				w.behind[c] = later(later(free.oldest, above), later(w.ended[c], w.lastTurn[c]))
 			}
 			// Not before its oldest run queued: behind may be left
 			// from runs that gave up since (a pick where some flows
 			// were at their limits leaves it).
-			if s := later(w.behind[c], oldest[c]); now.Sub(s) > w.maxWait && (!found || s.Before(since)) {
+			if s := later(w.behind[c], free.oldest); open && now.Sub(s) > w.maxWait && (!found || s.Before(since)) {
 				found, which, since = true, c, s
 			}
-		case all || w.turn[c].f != nil:
-			// Nothing above it waits, it has no run queued, or its
-			// turn's run is on the device: held back by none.
+		case all:
+			// Nothing above it waits, or it has no run queued but
+			// those of flows whose turn's run is on the device:
+			// held back by none.
 			w.behind[c] = time.Time{}
 		}
-		if queued && (above.IsZero() || oldest[c].Before(above)) {
-			above = oldest[c]
+		if o := q.all[c].oldest; q.all[c].next > 0 && (above.IsZero() || o.Before(above)) {
+			above = o
 		}
 	}
 	return which, found
+}
+
+// maxTurns is how many turns' runs may be on the device at once: half the
+// slots a flood may have (rounded up), so that backlogs of long runs in
+// lower classes leave the rest to the higher ones, and a long run's turn
+// leaves a slot to its class's other flows' turns on a GPU's defaults (4
+// slots, 1 kept).
+func maxTurns(s *Scheduler) int {
+	if s == nil {
+		return 1
+	}
+	return max(1, (s.cfg.MaxRuns-s.cfg.Reserve+1)/2)
+}
+
+// inTurn says whether a turn's run of f, in its class now, is on the device.
+func (w *WFQ) inTurn(f *Flow) bool {
+	for _, t := range w.turns { // at most maxTurns
+		if t.f == f && t.c == f.Class() {
+			return true
+		}
+	}
+	return false
 }
 
 // ahead says whether f goes before g in fair order.
@@ -379,14 +440,16 @@ func (w *WFQ) ahead(f, g *Flow) bool {
 	return ft < gt || ft == gt && f.Oldest().Before(g.Oldest())
 }
 
-// turnOver ends the turn whose run was f's where that run is off the
-// device (f's run that ended, or an earlier one).
+// turnOver ends the turns whose runs were f's where those runs are off
+// the device (f's run that ended, or an earlier one).
 func (w *WFQ) turnOver(f *Flow, now time.Time) {
-	for c, t := range w.turn {
-		if t.f == f && !t.running() {
-			w.turn[c], w.ended[c] = turn{}, now // its class, were f moved since
+	w.turns = slices.DeleteFunc(w.turns, func(t turn) bool {
+		over := t.f == f && !t.running()
+		if over {
+			w.ended[t.c] = now // its class, were f moved since
 		}
-	}
+		return over
+	})
 }
 
 // running says whether the turn's run is still on the device.
