@@ -150,8 +150,12 @@ type Config struct {
 	// held back by higher ones (default 200ms): a class whose queued runs
 	// have waited longer than that behind a higher class's, counted from
 	// no earlier than its last run's end, has a turn: its next run in
-	// fair order is admitted first. Its next turn comes once that run has
-	// ended and it has been held back as long again. So a lower class's
+	// fair order is admitted first. Its next turn comes once it has been
+	// held back as long again, counted from no earlier than that turn's
+	// start; a flow whose turn's run is still on the device has no other
+	// turn until it ends (its class's other flows do), and at most half
+	// the slots a flood may have (MaxRuns-Reserve, rounded up; 1 at
+	// least) hold turns' runs at once, every class's together. So a lower class's
 	// run waits about MaxWait and a run behind higher floods however deep
 	// their backlogs, and a lower class's own backlog (runs older than
 	// MaxWait from waiting in their own queue) goes before no higher run.
