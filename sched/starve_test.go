@@ -342,3 +342,98 @@ func TestALongTurnDoesNotHoldBackItsClassOtherFlows(t *testing.T) {
 		t.Errorf("in a minute: the 25 s batch flow had %d runs (want 2 or more) and the latency flood %.3f of the device beside it (want half or more)", l.runs[x], l.part(z, x))
 	}
 }
+
+// A pick whose run dispatch refused (its deadline passed before its timer
+// ran) makes no turn of its flow's next run: where no other pick followed
+// (the refusal left no flow a candidate, and those waiting gave up), that
+// run, started on a free slot with nothing queued (join), was taken for
+// the refused pick's turn, and held its flow's turns back until it ended.
+// The pick and the refusal are made here as dispatch makes them.
+func TestARefusedPickMakesNoTurn(t *testing.T) {
+	clk := newFakeClock()
+	s := New(Config{MaxRuns: 1, MaxWait: 100 * time.Millisecond, Clock: clk})
+	w := s.pol.(*WFQ)
+	h, b := s.Flow("h"), s.Flow("b")
+	h.Set(1, Latency)
+	b.Set(1, Batch)
+	now := clk.Now()
+	th, _ := s.enter(h, now, time.Time{}, 0)
+	_, wb := s.enter(b, now, now.Add(50*time.Millisecond), 0)
+	_, wh := s.enter(h, now, time.Time{}, 0)
+	clk.Advance(200 * time.Millisecond)
+	now = clk.Now()
+	if i := w.Pick(s.waiting, now); s.waiting[i] != b {
+		t.Fatalf("a batch run held back 200 ms (MaxWait 100 ms) was not picked: %v was", s.waiting[i].Class())
+	}
+	s.leave(b, wb) // refused: past its deadline
+	s.leave(h, wh)
+	th.Done()
+	if tb, wb := s.enter(b, now, time.Time{}, 0); wb != nil || tb.r == nil {
+		t.Fatal("a run on a free slot with nothing queued did not start")
+	}
+	if len(w.turns) != 0 {
+		t.Errorf("a run started on a free slot after a refused pick was taken for a turn: %v", w.turns)
+	}
+}
+
+// Turns' runs take at most half the slots a flood may have: four batch
+// flows of 1 s runs, each held back past MaxWait beside a latency flood of
+// 10 ms runs, have a turn's run in two of four slots at most, and the
+// flood keeps the others. Without the bound each flow's turn took a slot
+// and the flood waited a batch run.
+func TestTurnsLeaveAHigherClassSlots(t *testing.T) {
+	const long, short = time.Second, 10 * time.Millisecond
+	l := newLoop(t, Config{MaxRuns: 4, MaxWait: 200 * time.Millisecond}, func(f *Flow) time.Duration {
+		if f.Class() == Batch {
+			return long
+		}
+		return short
+	})
+	var b []*Flow
+	for _, name := range []string{"b1", "b2", "b3", "b4"} {
+		b = append(b, l.flow(name, Batch, 1))
+	}
+	x := l.flow("x", Latency, 8)
+	l.run(time.Second + long/2) // past the batch runs started before the flood
+	l.started[x] = 0
+	l.run(time.Minute)
+	if most := 4 * short; l.waited(x) > most {
+		t.Errorf("a latency flood beside four batch flows' turns of 1 s runs waited up to %v, want at most %v", l.waited(x), most)
+	}
+	for _, f := range b {
+		// Two turns' runs of 1 s at once, among four flows.
+		if l.runs[f] < 20 {
+			t.Errorf("a batch flow of 1 s runs beside three others and a latency flood had %d runs in a minute, want about 30", l.runs[f])
+		}
+	}
+}
+
+// A class has a turn each MaxWait of holding back, however many of its
+// flows wait: the next is counted from no earlier than the last turn's
+// start. Backdated to their runs' queueing alone (behind a latency flood's
+// backlog older than MaxWait), eight batch flows of 100 ms runs each found
+// itself held back past MaxWait as soon as the one before it had its
+// turn, and had 391 runs in a minute, not 300.
+func TestAClassTurnsDoNotMultiplyWithItsFlows(t *testing.T) {
+	const long, short, maxWait = 100 * time.Millisecond, 10 * time.Millisecond, 200 * time.Millisecond
+	l := newLoop(t, Config{MaxRuns: 4, MaxWait: maxWait}, func(f *Flow) time.Duration {
+		if f.Class() == Batch {
+			return long
+		}
+		return short
+	})
+	var flows []*Flow
+	for i := range 8 {
+		flows = append(flows, l.flow(string(rune('a'+i)), Batch, 1))
+	}
+	x := l.flow("x", Latency, 100) // a backlog older than MaxWait
+	l.run(time.Minute)
+	b := 0
+	for _, f := range flows {
+		b += l.runs[f]
+	}
+	// One turn each MaxWait, and the runs started before the flood came.
+	if most := int(time.Minute/maxWait) + len(flows); b > most || b < most/2 {
+		t.Errorf("in a minute, eight batch flows of 100 ms runs had %d runs beside a latency flood of 10 ms ones (want one a MaxWait: %d at most, %d at least); the flood %d", b, most, most/2, l.runs[x])
+	}
+}
