@@ -328,9 +328,12 @@ func (w *WFQ) Pick(waiting []*Flow, now time.Time) int {
 	for i, f := range waiting {
 		c := f.Class()
 		q.all[c].add(w, waiting, i)
-		if !w.inTurn(f) {
+		if len(w.turns) > 0 && !w.inTurn(f) {
 			q.free[c].add(w, waiting, i)
 		}
+	}
+	if len(w.turns) == 0 {
+		q.free = q.all // the usual case: no second pass of fair order
 	}
 	top := Class(0)
 	for q.all[top].next == 0 { // waiting is never empty
