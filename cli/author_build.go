@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"github.com/plover-run/plover/fileutil"
@@ -223,13 +224,14 @@ func outputPath(dir, path string) (string, error) {
 }
 
 // warningCounter counts the compiler's warnings in what it writes: every
-// line with "warning:" (g++'s "file:line:col: warning: ...", which is the
-// same line for each expansion of a macro that warns, so each counts), and
-// each distinct line with "warning #" once (nvcc's front end, which says
-// its own again for every compilation pass).
+// line of g++'s "file:line:col: warning: ..." (the same line for each
+// expansion of a macro that warns, so each counts), and each distinct line
+// of nvcc's "warning #" (its front end, which says its own again for every
+// compilation pass), "nvcc warning : " and "ptxas warning : " (ptxas runs
+// once per cuda_arch) once.
 type warningCounter struct {
 	n       int
-	seen    map[string]bool // nvcc's front-end lines
+	seen    map[string]bool // nvcc's lines
 	partial []byte          // the line being written
 }
 
@@ -246,11 +248,17 @@ func (w *warningCounter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// warningRE is a warning in any of the forms warningCounter counts: not
+// the word in prose ("warnings"), which no colon or # follows.
+var warningRE = regexp.MustCompile(`warning\s*[:#]`)
+
 func (w *warningCounter) line(l []byte) {
+	at := warningRE.Find(l)
 	switch {
-	case bytes.Contains(l, []byte("warning:")):
+	case at == nil:
+	case string(at) == "warning:":
 		w.n++
-	case bytes.Contains(l, []byte("warning #")):
+	default:
 		if w.seen == nil {
 			w.seen = map[string]bool{}
 		}
