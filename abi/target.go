@@ -24,8 +24,13 @@ type Target struct {
 	// Command is plover build's command line for b's sources, run in the
 	// function directory and writing the library to out: it finds the
 	// compiler, or says how to install one, and refuses what the compiler
-	// found cannot build.
-	Command func(b *Build, out string) ([]string, error)
+	// found cannot build. deps, unless "", is where the compiler should
+	// also write the files it read, as a make rule (-MMD -MF deps): a
+	// header the function includes is part of it, and plover run and
+	// deploy rebuild when one changed. A target whose compiler cannot
+	// write it for b leaves it out (see depFlags), and a build without it
+	// is checked against the files of the source directory instead.
+	Command func(b *Build, out, deps string) ([]string, error)
 	// CheckBuild checks the build section's fields only this target's
 	// compiler reads (nil: none). Every manifest's build section passes
 	// every target's: plover build --target all builds each target from
@@ -109,6 +114,17 @@ func (b *Build) IncludeDirs() []string {
 		return []string{"include"}
 	}
 	return b.Include
+}
+
+// depFlags make g++ and nvcc (CUDA 10.2 and later) write deps, the
+// non-system headers they read, while they compile. One -MF file is
+// written again by each source's compilation, so for several sources it
+// would hold the last one's alone: none is asked for then.
+func depFlags(b *Build, deps string) []string {
+	if deps == "" || len(b.Sources) != 1 {
+		return nil
+	}
+	return []string{"-MMD", "-MF", deps}
 }
 
 // includeFlags are b's include directories as -I flags.

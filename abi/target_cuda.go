@@ -13,12 +13,12 @@ import (
 // stay mapped once loaded (see Target.Unloads).
 func init() {
 	RegisterTarget(Target{Name: TargetCUDA, Flags: cudaFlags, CheckBuild: checkCUDAArch,
-		Command: func(b *Build, out string) ([]string, error) {
+		Command: func(b *Build, out, deps string) ([]string, error) {
 			nv, err := findNVCC()
 			if err != nil {
 				return nil, err
 			}
-			return cudaCommand(nv, b, out)
+			return cudaCommand(nv, b, out, deps)
 		}})
 }
 
@@ -139,9 +139,14 @@ func findNVCC() (*nvccInfo, error) {
 	return info, nil
 }
 
+// nvccDeps is the first CUDA release whose nvcc writes a dependency file
+// while it compiles (-MMD); an older one, or one of a release unknown,
+// is asked for none.
+var nvccDeps = release{10, 2}
+
 // cudaCommand is the CUDA build's command line, or why nvcc cannot build
 // what the build section asks for.
-func cudaCommand(nv *nvccInfo, b *Build, out string) ([]string, error) {
+func cudaCommand(nv *nvccInfo, b *Build, out, deps string) ([]string, error) {
 	archs := b.CUDAArch
 	if len(archs) == 0 {
 		archs = defaultCUDAArch
@@ -176,7 +181,11 @@ func cudaCommand(nv *nvccInfo, b *Build, out string) ([]string, error) {
 	}
 	argv = append(argv, b.NVCCFlags...)
 	argv = append(argv, "-o", out)
-	return append(argv, b.Sources...), nil
+	argv = append(argv, b.Sources...)
+	if !nv.Version.known() || nv.Version.less(nvccDeps) {
+		deps = ""
+	}
+	return append(argv, depFlags(b, deps)...), nil
 }
 
 func hasCCBin(flags []string) bool {

@@ -9,12 +9,12 @@ import (
 // The host target: the CPU, built with g++ (or $CXX); every node has it.
 func init() {
 	RegisterTarget(Target{Name: TargetHost, Flags: hostFlags, Unloads: true,
-		Command: func(b *Build, out string) ([]string, error) {
+		Command: func(b *Build, out, deps string) ([]string, error) {
 			cxx, err := hostCompiler()
 			if err != nil {
 				return nil, err
 			}
-			return hostCommand(cxx, b, out), nil
+			return hostCommand(cxx, b, out, deps), nil
 		}})
 }
 
@@ -43,10 +43,11 @@ func hostCompiler() (string, error) {
 
 // hostCommand is the host build's command line, run in the function
 // directory: sources and include directories are relative to it.
-func hostCommand(cxx string, b *Build, out string) []string {
+func hostCommand(cxx string, b *Build, out, deps string) []string {
 	argv := append([]string{cxx}, hostFlags...)
 	argv = append(argv, includeFlags(b)...)
 	argv = append(argv, b.CXXFlags...)
 	argv = append(argv, "-o", out)
-	return append(argv, b.Sources...)
+	argv = append(argv, b.Sources...)
+	return append(argv, depFlags(b, deps)...)
 }

@@ -13,7 +13,7 @@ const testTarget = "test-fpga"
 
 func init() {
 	RegisterTarget(Target{Name: testTarget, Flags: []string{"--bitstream"},
-		Command: func(b *Build, out string) ([]string, error) {
+		Command: func(b *Build, out, _ string) ([]string, error) {
 			argv := append([]string{"fpgacc", "--bitstream"}, includeFlags(b)...)
 			return append(append(argv, "-o", out), b.Sources...), nil
 		},
@@ -58,7 +58,7 @@ func TestRegisteredTarget(t *testing.T) {
 	if !ok {
 		t.Fatal("TargetOf does not find the test target")
 	}
-	argv, err := tg.Command(&Build{Sources: []string{"k.cc"}}, "build/test-fpga/k.so")
+	argv, err := tg.Command(&Build{Sources: []string{"k.cc"}}, "build/test-fpga/k.so", "build/test-fpga/k.d")
 	if got, want := strings.Join(argv, " "), "fpgacc --bitstream -Iinclude -o build/test-fpga/k.so k.cc"; err != nil || got != want {
 		t.Fatalf("Command = %q, %v; want %q", got, err, want)
 	}
@@ -67,7 +67,7 @@ func TestRegisteredTarget(t *testing.T) {
 // Registering a target with no name, no compiler line, or a name taken
 // is a programming error.
 func TestRegisterTargetRefuses(t *testing.T) {
-	command := func(*Build, string) ([]string, error) { return nil, nil }
+	command := func(*Build, string, string) ([]string, error) { return nil, nil }
 	for _, tc := range []struct {
 		name string
 		t    Target
@@ -95,19 +95,23 @@ func errString(err error) string {
 }
 
 func TestHostCommand(t *testing.T) {
+	const fixed = "g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Wall -Wextra"
 	tests := []struct {
 		name string
 		b    Build
+		deps string
 		want string
 	}{
-		{"defaults", Build{Sources: []string{"k.cu"}},
-			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Wall -Wextra -Iinclude -o build/host/k.so k.cu"},
-		{"includes, flags, two sources", Build{Sources: []string{"a.cu", "src/b.cu"}, Include: []string{"inc", "third_party/x"}, CXXFlags: []string{"-march=native", "-DN=4"}},
-			"g++ -x c++ -std=c++17 -O2 -shared -fPIC -Wl,--exclude-libs,libstdc++.a:libsupc++.a:libgcc_eh.a -Wall -Wextra -Iinc -Ithird_party/x -march=native -DN=4 -o build/host/k.so a.cu src/b.cu"},
+		{"defaults", Build{Sources: []string{"k.cu"}}, "", fixed + " -Iinclude -o build/host/k.so k.cu"},
+		{"includes, flags, two sources", Build{Sources: []string{"a.cu", "src/b.cu"}, Include: []string{"inc", "third_party/x"}, CXXFlags: []string{"-march=native", "-DN=4"}}, "",
+			fixed + " -Iinc -Ithird_party/x -march=native -DN=4 -o build/host/k.so a.cu src/b.cu"},
+		{"a dependency file", Build{Sources: []string{"k.cu"}}, "build/host/k.d", fixed + " -Iinclude -o build/host/k.so k.cu -MMD -MF build/host/k.d"},
+		// Each source's compilation would write the file again.
+		{"no dependency file for two sources", Build{Sources: []string{"a.cu", "b.cu"}}, "build/host/k.d", fixed + " -Iinclude -o build/host/k.so a.cu b.cu"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := strings.Join(hostCommand("g++", &tt.b, "build/host/k.so"), " "); got != tt.want {
+			if got := strings.Join(hostCommand("g++", &tt.b, "build/host/k.so", tt.deps), " "); got != tt.want {
 				t.Fatalf("got  %s\nwant %s", got, tt.want)
 			}
 		})
@@ -152,7 +156,7 @@ func TestCUDACommand(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			argv, err := cudaCommand(tt.nv, &tt.b, "out/k.so")
+			argv, err := cudaCommand(tt.nv, &tt.b, "out/k.so", "")
 			switch {
 			case tt.err && (err == nil || !strings.Contains(err.Error(), tt.want)):
 				t.Fatalf("err %v, argv %v; want an error with %q", err, argv, tt.want)
@@ -160,6 +164,35 @@ func TestCUDACommand(t *testing.T) {
 				t.Fatal(err)
 			case !tt.err && strings.Join(argv, " ") != tt.want:
 				t.Fatalf("got  %s\nwant %s", strings.Join(argv, " "), tt.want)
+			}
+		})
+	}
+}
+
+// nvcc writes the dependency file from CUDA 10.2 on, one source at a time.
+func TestCUDACommandDeps(t *testing.T) {
+	const want = " -o out/k.so k.cu -MMD -MF out/k.d"
+	for _, tt := range []struct {
+		name    string
+		version release
+		sources []string
+		writes  bool
+	}{
+		{"CUDA 11.8", release{11, 8}, []string{"k.cu"}, true},
+		{"CUDA 10.2", release{10, 2}, []string{"k.cu"}, true},
+		{"CUDA 10.1 has no -MMD", release{10, 1}, []string{"k.cu"}, false},
+		{"an unknown release may not", release{}, []string{"k.cu"}, false},
+		{"two sources", release{11, 8}, []string{"k.cu", "l.cu"}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			nv := &nvccInfo{Path: "nvcc", Version: tt.version, HostGCC: 8}
+			argv, err := cudaCommand(nv, &Build{Sources: tt.sources, CUDAArch: []string{"70"}}, "out/k.so", "out/k.d")
+			if err != nil {
+				t.Fatal(err)
+			}
+			line := strings.Join(argv, " ")
+			if strings.HasSuffix(line, want) != tt.writes || !tt.writes && strings.Contains(line, "-MMD") {
+				t.Fatalf("%s: want the dependency file %v", line, tt.writes)
 			}
 		})
 	}

@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"strings"
 	"text/template"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
@@ -354,40 +355,46 @@ func rebuildIfStale(src string, m *abi.Manifest, built, target string, env *Env)
 	return nil
 }
 
-// staleSources names a file of source directory dir (a source, the manifest
-// or the constants) newer than the library of its build in built, or "".
+// staleSources names a file of source directory dir newer than the library
+// of its build in built, or "": the manifest, the constants, a source, or a
+// header the build read. Which headers those are the compiler said, in the
+// dependency file plover build has it write (depFile); a build without one
+// is checked against the files that could be headers (staleUnder).
 func staleSources(dir string, m *abi.Manifest, built string) string {
 	lib, err := os.Stat(filepath.Join(built, m.Library))
 	if err != nil {
 		return ""
 	}
+	since := lib.ModTime()
 	names := append([]string{abi.ManifestFile}, m.Build.Sources...)
 	if m.Constants != "" {
 		names = append(names, m.Constants)
 	}
 	for _, n := range names {
-		if fi, err := os.Stat(filepath.Join(dir, n)); err == nil && fi.ModTime().After(lib.ModTime()) {
-			return filepath.Join(dir, n)
+		if p := filepath.Join(dir, n); newerThan(p, since) {
+			return p
 		}
 	}
-	// The headers too: every file under build.include (a kernel's own
-	// header, edited, is a change of the function).
-	for _, inc := range m.Build.IncludeDirs() {
-		stale := ""
-		filepath.WalkDir(filepath.Join(dir, inc), func(p string, de fs.DirEntry, err error) error {
-			if err != nil || de.IsDir() || stale != "" {
-				return nil
+	if name := depFile(m); name != "" {
+		if deps, ok := readDeps(filepath.Join(built, name)); ok {
+			for _, d := range deps {
+				if !filepath.IsAbs(d) {
+					d = filepath.Join(dir, d) // the compiler ran in dir
+				}
+				if newerThan(d, since) {
+					return d
+				}
 			}
-			if fi, err := de.Info(); err == nil && fi.ModTime().After(lib.ModTime()) {
-				stale = p
-			}
-			return nil
-		})
-		if stale != "" {
-			return stale
+			return ""
 		}
 	}
-	return ""
+	return staleUnder(dir, m, since)
+}
+
+// newerThan reports whether the file at p was modified after t.
+func newerThan(p string, t time.Time) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.ModTime().After(t)
 }
 
 // shellQuote quotes s for a POSIX shell when it needs it.

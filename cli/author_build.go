@@ -138,7 +138,11 @@ func buildTarget(dir, out, target string, m *abi.Manifest, env *Env) (*builtBund
 	if !ok {
 		return nil, fmt.Errorf("target %q: want %s", target, strings.Join(abi.Targets(), ", "))
 	}
-	argv, err := t.Command(m.Build, lib)
+	deps, err := freshDepFile(dir, bdir, m)
+	if err != nil {
+		return nil, err
+	}
+	argv, err := t.Command(m.Build, lib, deps)
 	if err != nil {
 		return nil, err
 	}

@@ -92,6 +92,19 @@ func targetFlags(t *testing.T, name string) []string {
 	return tg.Flags
 }
 
+// compilerFor skips t unless target's compiler is here (and, for nvcc,
+// unless -short: it takes seconds a build).
+func compilerFor(t *testing.T, target string) {
+	t.Helper()
+	tool := map[string]string{abi.TargetHost: "g++", abi.TargetCUDA: "nvcc"}[target]
+	if _, err := exec.LookPath(tool); err != nil {
+		t.Skipf("%s not found: the %s build is not checked here", tool, target)
+	}
+	if testing.Short() && target == abi.TargetCUDA {
+		t.Skip("-short: nvcc is slow")
+	}
+}
+
 // initDir runs plover init name in a fresh directory and returns the
 // function directory.
 func initDir(t *testing.T, name string) string {
@@ -460,23 +473,7 @@ func TestMakefileBundleRebuiltWhenStale(t *testing.T) {
 	in := float32sLE(1, 2, 3, 4)
 	inPath := filepath.Join(t.TempDir(), "in.bin")
 	os.WriteFile(inPath, in, 0o644)
-	runIt := func() ([]float32, string) {
-		t.Helper()
-		stdout, stderr, err := runCommand(runCmd(), built, "--in", inPath, "--json")
-		if err != nil {
-			t.Fatalf("plover run %s: %v\n%s", built, err, stderr)
-		}
-		var rep runReport
-		if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
-			t.Fatalf("%v\n%s", err, stdout)
-		}
-		var ys []float32
-		for i := 0; i+4 <= len(rep.Output); i += 4 {
-			ys = append(ys, math.Float32frombits(binary.LittleEndian.Uint32(rep.Output[i:])))
-		}
-		return ys, stderr
-	}
-	if ys, stderr := runIt(); !reflect.DeepEqual(ys, []float32{3, 5, 7, 9}) || strings.Contains(stderr, "rebuilding") {
+	if ys, stderr := runFloats(t, built, inPath); !reflect.DeepEqual(ys, []float32{3, 5, 7, 9}) || strings.Contains(stderr, "rebuilding") {
 		t.Fatalf("fresh Makefile build: %v, stderr %q", ys, stderr)
 	}
 	// y = 2x + 101 now; the library is older than the edit.
@@ -492,7 +489,7 @@ func TestMakefileBundleRebuiltWhenStale(t *testing.T) {
 	}
 	os.Chtimes(filepath.Join(built, "mk.so"), past, past)
 	os.WriteFile(src, []byte(edited), 0o644)
-	ys, stderr := runIt()
+	ys, stderr := runFloats(t, built, inPath)
 	if !reflect.DeepEqual(ys, []float32{103, 105, 107, 109}) {
 		t.Fatalf("after the edit: %v (stale bytes run), stderr %q", ys, stderr)
 	}
@@ -505,6 +502,25 @@ func TestMakefileBundleRebuiltWhenStale(t *testing.T) {
 	if _, err := resolveBundle(built, "", &Env{Stderr: io.Discard}); err == nil || !strings.Contains(err.Error(), "rebuilding it failed") {
 		t.Fatalf("failed rebuild through the Makefile's build dir: %v", err)
 	}
+}
+
+// runFloats runs plover run dir on the input in inPath and returns its
+// output as float32s, and its stderr.
+func runFloats(t *testing.T, dir, inPath string) ([]float32, string) {
+	t.Helper()
+	stdout, stderr, err := runCommand(runCmd(), dir, "--in", inPath, "--json")
+	if err != nil {
+		t.Fatalf("plover run %s: %v\n%s", dir, err, stderr)
+	}
+	var rep runReport
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, stdout)
+	}
+	var ys []float32
+	for i := 0; i+4 <= len(rep.Output); i += 4 {
+		ys = append(ys, math.Float32frombits(binary.LittleEndian.Uint32(rep.Output[i:])))
+	}
+	return ys, stderr
 }
 
 // float32sLE is vs as little-endian float32s.

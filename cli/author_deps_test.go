@@ -1,0 +1,170 @@
+package cli
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/plover-run/plover/abi"
+)
+
+// plover run (and deploy, through the same resolveBundle) rebuilds after a
+// header the kernel includes changed, wherever the header is: beside the
+// source, below it, or in a directory outside it that an -I in cxxflags
+// names. Such a header once went unseen, and the old bytes ran. With the
+// dependency file plover build has the compiler write, and without it (a
+// build of several sources, the Makefile's), by the walk, which does not
+// reach a directory an absolute -I names, nor tells a header the build
+// read from one beside it that it did not.
+func TestRunRebuildsWhenAHeaderChanged(t *testing.T) {
+	compilerFor(t, abi.TargetHost)
+	for _, tt := range []struct {
+		name     string
+		header   string   // its path from the source directory
+		include  string   // as the kernel names it
+		cxxflags []string // $SRC: the source directory
+		depsOnly bool     // the walk does not find it
+	}{
+		{"beside the source", "offset.h", "offset.h", nil, false},
+		{"below the source", "kern/offset.h", "kern/offset.h", nil, false},
+		{"through -I in cxxflags, outside the source", "../common/offset.h", "offset.h", []string{"-I../common"}, false},
+		{"through an absolute -I in cxxflags", "../common/offset.h", "offset.h", []string{"-I$SRC/../common"}, true},
+	} {
+		for _, withDeps := range []bool{true, false} {
+			if tt.depsOnly && !withDeps {
+				continue
+			}
+			name := tt.name
+			if !withDeps {
+				name += ", no dependency file"
+			}
+			t.Run(name, func(t *testing.T) {
+				src := headerFixture(t, tt.header, tt.include, tt.cxxflags)
+				m := mustManifest(t, src)
+				built := filepath.Join(src, BuildDir, "host")
+				deps := filepath.Join(built, depFile(m))
+				if _, err := os.Stat(deps); err != nil {
+					t.Fatalf("plover build wrote no dependency file: %v", err)
+				}
+				if !withDeps {
+					os.Remove(deps)
+				}
+				inPath := filepath.Join(t.TempDir(), "in.bin")
+				os.WriteFile(inPath, float32sLE(1, 2, 3, 4), 0o644)
+				if ys, stderr := runFloats(t, src, inPath); !reflect.DeepEqual(ys, []float32{3, 5, 7, 9}) || strings.Contains(stderr, "rebuilding") {
+					t.Fatalf("fresh build: %v, stderr %q", ys, stderr)
+				}
+				// What plover run writes into the source directory, after
+				// the build, is no change of the function.
+				os.WriteFile(filepath.Join(src, "output.bin"), nil, 0o644)
+				if got := staleSources(src, m, built); got != "" {
+					t.Fatalf("stale by %s before the header changed", got)
+				}
+				if withDeps { // a header the build did not read is no change
+					os.WriteFile(filepath.Join(src, "unused.h"), nil, 0o644)
+					if got := staleSources(src, m, built); got != "" {
+						t.Fatalf("stale by %s, which the kernel does not include", got)
+					}
+				}
+				h := filepath.Join(src, tt.header)
+				os.WriteFile(h, []byte("#define OFFSET 100.0f\n"), 0o644)
+				// As the compiler named it: through $SRC/.. for the absolute -I.
+				stale := staleSources(src, m, built)
+				if filepath.Clean(stale) != h {
+					t.Fatalf("stale by %q, want the edited header %s", stale, h)
+				}
+				ys, stderr := runFloats(t, src, inPath)
+				if !reflect.DeepEqual(ys, []float32{103, 105, 107, 109}) {
+					t.Fatalf("after the header changed: %v (stale bytes run), stderr %q", ys, stderr)
+				}
+				if !strings.Contains(stderr, stale+" changed after "+built+" was built: rebuilding it") {
+					t.Fatalf("stderr does not say it rebuilt: %q", stderr)
+				}
+			})
+		}
+	}
+}
+
+// headerFixture is a function source directory, built for the host, whose
+// kernel adds OFFSET (0) from header (a path from the directory), which it
+// includes as include, built with cxxflags. Every file in the directory
+// and the header are dated a minute before the library, so that what a
+// test writes next is newer than the build without waiting for the clock.
+func headerFixture(t *testing.T, header, include string, cxxflags []string) string {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "fn", "hdr")
+	if err := os.MkdirAll(filepath.Dir(src), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, err := runCommand(initCmd(), "hdr", "--dir", src); err != nil {
+		t.Fatalf("init: %v\n%s", err, stderr)
+	}
+	h := filepath.Join(src, header)
+	os.MkdirAll(filepath.Dir(h), 0o755)
+	if err := os.WriteFile(h, []byte("#define OFFSET 0.0f\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cu := filepath.Join(src, "hdr.cu")
+	b, _ := os.ReadFile(cu)
+	edited := strings.Replace(string(b), "ab[1];", "ab[1] + OFFSET;", 1)
+	edited = strings.Replace(edited, `#include "plover_kernel.h"`, `#include "plover_kernel.h"`+"\n#include \""+include+"\"", 1)
+	if !strings.Contains(edited, "OFFSET;") || !strings.Contains(edited, include) {
+		t.Fatal("test bug: the scaffold's kernel changed")
+	}
+	os.WriteFile(cu, []byte(edited), 0o644)
+	if cxxflags != nil {
+		m := mustManifest(t, src)
+		for _, f := range cxxflags {
+			m.Build.CXXFlags = append(m.Build.CXXFlags, strings.ReplaceAll(f, "$SRC", src))
+		}
+		mb, err := manifestJSON(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(src, "plover.json"), mb, 0o644)
+	}
+	if _, stderr, err := runCommand(buildCmd(), src); err != nil {
+		t.Fatalf("build: %v\n%s", err, stderr)
+	}
+	past := time.Now().Add(-time.Hour)
+	for _, root := range []string{src, filepath.Dir(h)} {
+		filepath.WalkDir(root, func(p string, _ fs.DirEntry, _ error) error { return os.Chtimes(p, past, past) })
+	}
+	lib := filepath.Join(src, BuildDir, "host", "hdr.so")
+	os.Chtimes(lib, past, past.Add(time.Minute))
+	return src
+}
+
+// The dependency files g++ and nvcc write, as plover build reads them.
+func TestReadDeps(t *testing.T) {
+	for _, tt := range []struct {
+		name, text string
+		want       []string // nil: no rule read
+	}{
+		{"g++", "build/host/k.so: k.cu include/plover_kernel.h \\\n include/plover.h\n",
+			[]string{"k.cu", "include/plover_kernel.h", "include/plover.h"}},
+		{"nvcc", "build/cuda/k.so : k.cu \\\n    include/plover_kernel.h \\\n    include/plover.h\n\n",
+			[]string{"k.cu", "include/plover_kernel.h", "include/plover.h"}},
+		{"escaped space, # and $", "/a b/k.so: k.cu /x\\ y/h\\#1.h $$HOME.h\n", []string{"k.cu", "/x y/h#1.h", "$HOME.h"}},
+		{"-MP's empty rules are no prerequisites", "k.so: k.cu h.h\nh.h:\n", []string{"k.cu", "h.h"}},
+		{"a colon within the target", "/t/a:b/k.so: k.cu\n", []string{"k.cu"}},
+		{"no rule", "garbage\n", nil},
+		{"a rule with nothing", "k.so:\n", nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "k.d")
+			os.WriteFile(p, []byte(tt.text), 0o644)
+			got, ok := readDeps(p)
+			if ok != (tt.want != nil) || !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("readDeps(%q) = %q, %v; want %q", tt.text, got, ok, tt.want)
+			}
+		})
+	}
+	if _, ok := readDeps(filepath.Join(t.TempDir(), "absent.d")); ok {
+		t.Fatal("a missing file read as a rule")
+	}
+}
