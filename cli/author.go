@@ -45,7 +45,7 @@ func usagef(env *Env, cmd, format string, a ...any) error {
 // initSpec is what plover init's templates are filled with.
 type initSpec struct {
 	Name      string // the function name (manifest "name")
-	Symbol    string // the entry point: Name with dashes as underscores
+	Symbol    string // the entry point: NAME_entry (see newInitSpec)
 	Kernel    string // the __global__ function
 	Source    string // NAME.cu
 	Library   string // NAME.so
@@ -63,38 +63,21 @@ func newInitSpec(name string) (*initSpec, error) {
 	if !abi.ValidName(name) {
 		return nil, fmt.Errorf("function name %q must match [a-z0-9][a-z0-9-]{0,62} (lower case, digits and dashes)", name)
 	}
-	sym := strings.ReplaceAll(name, "-", "_")
-	// An entry point must be a C identifier outside the ABI's prefix.
-	// It must also not collide with a C/C++ keyword or a function the
-	// headers declare (math.h, stdlib.h, string.h): that fails to compile,
-	// or worse, an exported "free" would stand in for libc's.
-	if sym[0] >= '0' && sym[0] <= '9' || strings.HasPrefix(sym, abi.ReservedPrefix) || reservedC[sym] {
-		sym = "fn_" + sym
+	base := strings.ReplaceAll(name, "-", "_")
+	// The entry is NAME_entry, never NAME: a function is often named for a
+	// word the headers plover_kernel.h includes already declare (printf,
+	// read, min, dim3, y0, std, ...), and an entry so named fails to
+	// compile, or worse, an exported "free" stands in for libc's. No list
+	// of such words kept here could be whole; no header declares a lower
+	// case name ending in _entry or _kernel (TestInitSymbolsNoHeaderDeclares
+	// checks), so the suffix cannot collide. A C identifier cannot start
+	// with a digit, and plover_ is the ABI's: fn_ goes before those.
+	if base[0] >= '0' && base[0] <= '9' || strings.HasPrefix(base+"_", abi.ReservedPrefix) {
+		base = "fn_" + base
 	}
-	return &initSpec{Name: name, Symbol: sym, Kernel: sym + "_kernel", Source: name + ".cu",
+	return &initSpec{Name: name, Symbol: base + "_entry", Kernel: base + "_kernel", Source: name + ".cu",
 		Library: name + ".so", Constants: "constants.bin"}, nil
 }
-
-// reservedC are names an entry point cannot take: C and C++ keywords, main,
-// and the C library functions a kernel source sees through plover_kernel.h.
-var reservedC = func() map[string]bool {
-	m := map[string]bool{}
-	for _, w := range strings.Fields(`
-		alignas alignof and asm auto bool break case catch char class concept const constexpr
-		const_cast continue default delete do double dynamic_cast else enum explicit export extern
-		false float for friend goto if inline int long mutable namespace new noexcept not nullptr
-		operator or private protected public register reinterpret_cast requires return short signed
-		sizeof static static_assert static_cast struct switch template this thread_local throw true
-		try typedef typeid typename union unsigned using virtual void volatile while xor main
-		abs acos asin atan atan2 cbrt ceil cos cosh erf exp exp2 expm1 fabs floor fma fmax fmin fmod
-		frexp hypot ldexp lgamma log log10 log1p log2 modf nan pow remainder round rint sin sinh sqrt
-		tan tanh tgamma trunc
-		abort atexit atoi atof calloc div exit free getenv malloc qsort rand realloc srand system
-		memcpy memmove memset memcmp strcmp strcpy strlen strncpy`) {
-		m[w] = true
-	}
-	return m
-}()
 
 // manifest is the plover.json plover init writes.
 func (s *initSpec) manifest() *abi.Manifest {

@@ -111,9 +111,9 @@ func TestRunCatchesOverruns(t *testing.T) {
 		want   string
 	}{
 		{"a few floats past out", 1000, 8, nil,
-			"entry loop wrote past the end of out (4000 bytes this request): bytes 4000 to 4031 changed"},
+			"entry loop_entry wrote past the end of out (4000 bytes this request): bytes 4000 to 4031 changed"},
 		{"64 floats past a full page", 1024, 64, nil,
-			"was killed by signal SIGSEGV (segmentation fault): entry loop wrote past the end of out, at byte 4096 (4096 bytes this request) while running the chain"},
+			"was killed by signal SIGSEGV (segmentation fault): entry loop_entry wrote past the end of out, at byte 4096 (4096 bytes this request) while running the chain"},
 		{"unchecked", 1000, 8, []string{"--checked=false"}, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -118,7 +118,8 @@ func initDir(t *testing.T, name string) string {
 
 func TestInit(t *testing.T) {
 	for _, tt := range []struct{ name, symbol string }{
-		{"saxpy", "saxpy"}, {"my-func-2", "my_func_2"}, {"3d", "fn_3d"}, {"plover-x", "fn_plover_x"}, {"main", "fn_main"}, {"free", "fn_free"}, {"default", "fn_default"}, {"sin", "fn_sin"},
+		{"saxpy", "saxpy_entry"}, {"my-func-2", "my_func_2_entry"}, {"3d", "fn_3d_entry"}, {"plover-x", "fn_plover_x_entry"},
+		{"plover", "fn_plover_entry"}, {"main", "main_entry"}, {"free", "free_entry"}, {"default", "default_entry"}, {"printf", "printf_entry"},
 	} {
 		spec, err := newInitSpec(tt.name)
 		if err != nil || spec.Symbol != tt.symbol || !abi.ValidSymbol(spec.Symbol) {
@@ -153,7 +154,7 @@ func TestInit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.ABI != abi.Major || m.Target != "host" || m.Library != "my-func.so" || m.Chain[0].Kernel != "my_func" ||
+	if m.ABI != abi.Major || m.Target != "host" || m.Library != "my-func.so" || m.Chain[0].Kernel != "my_func_entry" ||
 		m.Build == nil || !reflect.DeepEqual(m.Build.Sources, []string{"my-func.cu"}) {
 		t.Fatalf("manifest %+v build %+v", m, m.Build)
 	}
@@ -184,7 +185,7 @@ func TestInit(t *testing.T) {
 		}
 	}
 	src, _ := os.ReadFile(filepath.Join(dir, "my-func.cu"))
-	for _, s := range []string{`#include "plover_kernel.h"`, "PLOVER_BUNDLE(PLOVER_TARGET);", "PLOVER_ENTRY(my_func)", "PLOVER_LAUNCH(my_func_kernel,", "ENTRIES ARE HOST CODE"} {
+	for _, s := range []string{`#include "plover_kernel.h"`, "PLOVER_BUNDLE(PLOVER_TARGET);", "PLOVER_ENTRY(my_func_entry)", "PLOVER_LAUNCH(my_func_kernel,", "ENTRIES ARE HOST CODE"} {
 		if !bytes.Contains(src, []byte(s)) {
 			t.Errorf("the kernel source lacks %q", s)
 		}
@@ -433,7 +434,7 @@ func TestBuildAndRun(t *testing.T) {
 	// on a server), not failed (500), named with the chain.
 	os.WriteFile(inPath, in[:3], 0o644)
 	if _, _, err := runCommand(runCmd(), dir, "--in", inPath, "--out", outPath); err == nil ||
-		!strings.Contains(err.Error(), "the chain [loop] refused its input (plover_reject: a server answers 422 invalid_input): input length is not a multiple of 4") {
+		!strings.Contains(err.Error(), "the chain [loop_entry] refused its input (plover_reject: a server answers 422 invalid_input): input length is not a multiple of 4") {
 		t.Fatalf("bad input: %v", err)
 	}
 	// The function's own fault stays a failure: constants too short.
@@ -441,7 +442,7 @@ func TestBuildAndRun(t *testing.T) {
 	consts, _ := os.ReadFile(filepath.Join(dir, "constants.bin"))
 	os.WriteFile(filepath.Join(dir, "constants.bin"), consts[:4], 0o644) // rebuilt into the bundle
 	if _, _, err := runCommand(runCmd(), dir, "--in", inPath, "--out", outPath); err == nil ||
-		!strings.Contains(err.Error(), "the chain [loop] failed: the constants file must hold a and b") {
+		!strings.Contains(err.Error(), "the chain [loop_entry] failed: the constants file must hold a and b") {
 		t.Fatalf("short constants: %v", err)
 	}
 	os.WriteFile(filepath.Join(dir, "constants.bin"), consts, 0o644)

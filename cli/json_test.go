@@ -56,7 +56,7 @@ func TestJSONOutputs(t *testing.T) {
 		{"deploy to a server", []string{"deploy", dir, "--server", url, "--json"}, `"created": true`},
 		{"rm", []string{"rm", "fn", "--server", url, "--json"}, `"deleted": "fn"`},
 		{"token", []string{"token", "new", "ci", "--scopes", "read", "--json"}, `"line": "ci\tread\t`},
-		{"init", []string{"init", "saxpy", "--dir", src, "--json"}, `"entry": "saxpy"`},
+		{"init", []string{"init", "saxpy", "--dir", src, "--json"}, `"entry": "saxpy_entry"`},
 		{"build", []string{"build", src, "--json"}, `"library": "saxpy.so"`},
 	}
 	for _, tt := range tests {
