@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,12 +14,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
 	"github.com/plover-run/plover/objectstore"
+	"github.com/plover-run/plover/registry"
 )
 
 // newRecordReads is a store that counts the reads of each function record,
@@ -301,5 +305,57 @@ func TestPollPrewarmsAFollowedFunction(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Error("the follower got no line of the function taken on")
+	}
+}
+
+// A function new here built for a device this node has not (a store
+// shared by a GPU node and a host-only one) is not taken on by the poll
+// however many instances it asks kept warm: taken on, its pre-warm fetched
+// and held its bundle for good, and the reaper's top-ups warned without
+// end (a review's probe).
+func TestPollPassesOverAFunctionForAnotherDevice(t *testing.T) {
+	ctx := context.Background()
+	fs, err := objectstore.NewFS(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := testkit.Manifest("gpu-fn")
+	m.MinInstances = 1
+	dir := testkit.BundleDir(t, m, nil)
+	m.Target = abi.TargetCUDA
+	testkit.WriteManifest(t, dir, m) // as a GPU node's deploy stores it
+	raw, sha, pm, err := bundle.PackBytes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (registry.Registry{Store: fs}).PublishWith(ctx, pm, bytes.NewReader(raw), sha, int64(len(raw)), registry.PublishOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b := testkit.Engine(t, engine.Config{Store: fs}) // the host device only
+	if err := b.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if b.Knows("gpu-fn") {
+		t.Error("a host-only node's poll took on a CUDA function to pre-warm it")
+	}
+}
+
+// A record new here that cannot be decoded is read once per tag, and is
+// no poll's failure: read at every poll and failing it, it hid the
+// store's real failures from the poll's log (a review's probe).
+func TestPollReadsACorruptNewRecordOncePerTag(t *testing.T) {
+	n := newHere(t)
+	b, store := n.b, n.store
+	junk := []byte("{not json")
+	if err := store.Store.Put(context.Background(), "functions/broken.json", bytes.NewReader(junk), int64(len(junk))); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := refreshed(t, b); err != nil {
+			t.Fatalf("poll %d: %v", i+1, err)
+		}
+	}
+	if r := store.readsOf("broken"); r != 1 {
+		t.Errorf("after three polls, %d reads of the corrupt record, want 1", r)
 	}
 }

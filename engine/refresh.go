@@ -142,23 +142,32 @@ func (e *Engine) refreshFollowed(ctx, life context.Context, loaded map[string]bo
 // followed ones). Its errors are p's.
 func (e *Engine) refreshNew(ctx, life context.Context, loaded, followed map[string]bool, tags map[string]string, p *poll) {
 	for _, name := range e.fresh.toRead(loaded, followed, tags) {
+		listed := tags[name]
 		p.read(name, func() error {
-			seen, err := e.refreshNewOne(ctx, life, name)
+			seen, err := e.refreshNewOne(ctx, life, name, listed)
 			e.fresh.read(name, seen, err != nil)
 			return err
 		})
 	}
 }
 
-// refreshNewOne reads the record of name, new here, and takes the
-// function on (takeOnWarm); it returns the tag read not to read again
-// ("": none, the function taken on, gone, or to be read again).
-func (e *Engine) refreshNewOne(ctx, life context.Context, name string) (seen string, err error) {
+// refreshNewOne reads the record of name, new here and listed with tag
+// listed, and takes the function on (takeOnWarm); it returns the tag read
+// not to read again ("": none, the function taken on, gone, or to be read
+// again).
+func (e *Engine) refreshNewOne(ctx, life context.Context, name, listed string) (seen string, err error) {
 	defer e.recordPanicked(name, &err)
 	at := e.tab.at()
 	rec, tag, err := e.tab.reg.GetTagged(ctx, name)
 	if errors.Is(err, registry.ErrNoFunction) {
 		return "", nil // deleted since the listing: nothing to follow here
+	}
+	if errors.Is(err, registry.ErrCorruptRecord) && listed != "" {
+		// Read again once the listing shows it changed: a request names
+		// it to its client, and failing every poll it hid the store's
+		// real failures from the poll's log.
+		e.cfg.Log.Warn("the record of a function new to this node cannot be decoded", "function", name, "error", err)
+		return listed, nil
 	}
 	if err != nil {
 		return "", fmt.Errorf("reading the record of a function new to this node: %w", err)

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"github.com/plover-run/plover/abi"
 	"sync"
 	"time"
 
@@ -131,7 +132,15 @@ func (e *Engine) warmIfWantedAt(ctx context.Context, f *function, id string) {
 // wantsWarm reports whether rv, by its record or the server's default,
 // asks for instances kept warm (a pipeline has none).
 func (e *Engine) wantsWarm(rv api.Version) bool {
-	return !rv.IsPipeline() && (rv.MinInstances > 0 || e.cfg.MinInstances > 0)
+	return !rv.IsPipeline() && (rv.MinInstances > 0 || e.cfg.MinInstances > 0) && e.runsHere(rv)
+}
+
+// runsHere says whether this node has a device of rv's target (a record
+// written before versions named theirs: may). A store may be shared by
+// nodes of several kinds: a host-only node pre-warming a CUDA function
+// fetched and held its bundle for good, and its top-ups warned without end.
+func (e *Engine) runsHere(rv api.Version) bool {
+	return rv.Target == "" || abi.RunsOn(rv.Target, e.targets) == nil
 }
 
 // warmAside pre-warms version id of f (warmIfWantedAt), which a poll
