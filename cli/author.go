@@ -340,9 +340,11 @@ func rebuildIfStale(src string, m *abi.Manifest, built, target string, env *Env)
 
 // staleSources names a file of source directory dir newer than the library
 // of its build in built, or "": the manifest, the constants, a source, or a
-// header the build read. Which headers those are the compiler said, in the
-// dependency file plover build has it write (depFile); a build without one
-// is checked against the files that could be headers (staleUnder).
+// header the build read. Every file under build.include counts
+// (staleIncludes); past those, which headers the build read the compiler
+// said, in the dependency file plover build has it write (depFile), and a
+// build without one is checked against the files that could be headers
+// (staleUnder).
 func staleSources(dir string, m *abi.Manifest, built string) string {
 	lib, err := os.Stat(filepath.Join(built, m.Library))
 	if err != nil {
@@ -357,6 +359,12 @@ func staleSources(dir string, m *abi.Manifest, built string) string {
 		if p := filepath.Join(dir, n); newerThan(p, since) {
 			return p
 		}
+	}
+	// Every file under build.include, whatever the compiler's list says:
+	// a list an earlier plover build wrote outlives a Makefile build after
+	// it (which writes none), and would vouch for headers added since.
+	if p := staleIncludes(dir, m, since); p != "" {
+		return p
 	}
 	if name := depFile(m); name != "" {
 		if deps, ok := readDeps(filepath.Join(built, name)); ok {

@@ -96,18 +96,14 @@ func readDeps(path string) ([]string, bool) {
 }
 
 // staleUnder is staleSources for a build that left no dependency file (of
-// several sources, by the generated Makefile, or by an older plover): a
-// file newer than since among every file under build.include, and the C,
-// C++ and CUDA files of the source directory and of the relative
+// several sources, by the generated Makefile, or by an older plover),
+// past build.include (staleIncludes, which every build is checked
+// against): a file newer than since among the C, C++ and CUDA files of
+// the source directory and of the relative
 // directories that -I flags in cxxflags and nvccflags name (an absolute
 // one is a toolkit's or the system's, not the function's).
 func staleUnder(dir string, m *abi.Manifest, since time.Time) string {
 	buildDir := filepath.Join(dir, BuildDir)
-	for _, inc := range m.Build.IncludeDirs() {
-		if p := newerUnder(filepath.Join(dir, inc), buildDir, since, func(string) bool { return true }); p != "" {
-			return p
-		}
-	}
 	roots := []string{dir}
 	for _, inc := range includeFlagDirs(append(append([]string{}, m.Build.CXXFlags...), m.Build.NVCCFlags...)) {
 		if !filepath.IsAbs(inc) {
@@ -116,6 +112,18 @@ func staleUnder(dir string, m *abi.Manifest, since time.Time) string {
 	}
 	for _, root := range roots {
 		if p := newerUnder(root, buildDir, since, isCSource); p != "" {
+			return p
+		}
+	}
+	return ""
+}
+
+// staleIncludes is the first file under the build's include directories
+// (build.include) modified after since, or "".
+func staleIncludes(dir string, m *abi.Manifest, since time.Time) string {
+	buildDir := filepath.Join(dir, BuildDir)
+	for _, inc := range m.Build.IncludeDirs() {
+		if p := newerUnder(filepath.Join(dir, inc), buildDir, since, func(string) bool { return true }); p != "" {
 			return p
 		}
 	}

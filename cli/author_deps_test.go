@@ -168,3 +168,40 @@ func TestReadDeps(t *testing.T) {
 		t.Fatal("a missing file read as a rule")
 	}
 }
+
+// A dependency file an earlier plover build wrote outlives a Makefile
+// build after it, which writes none: a header added under build.include
+// since, which it does not list, still makes the build stale (every file
+// there counts, whatever the list says), as it did before the list was
+// read (a review's probe: plover run ran the old library).
+func TestAnOldDependencyFileHidesNoIncludedHeader(t *testing.T) {
+	dir := t.TempDir()
+	m := &abi.Manifest{Name: "fn", Library: "fn.so", Build: &abi.Build{Sources: []string{"fn.cu"}, Include: []string{"include"}}}
+	built := filepath.Join(dir, BuildDir, "host")
+	for _, p := range []string{filepath.Join(dir, "include"), built} {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := time.Now().Add(-time.Hour)
+	write := func(p, text string, at time.Time) {
+		t.Helper()
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, at, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(filepath.Join(dir, "fn.cu"), "#include \"extra.h\"\n", old)
+	write(filepath.Join(dir, abi.ManifestFile), "{}", old)
+	write(filepath.Join(built, "fn.d"), "build/host/fn.so: fn.cu\n", old) // plover build's, before extra.h
+	write(filepath.Join(built, "fn.so"), "", old.Add(time.Minute))        // make's, after it
+	if p := staleSources(dir, m, built); p != "" {
+		t.Fatalf("before any change: stale by %s", p)
+	}
+	write(filepath.Join(dir, "include", "extra.h"), "#error changed\n", old.Add(2*time.Minute))
+	if p := staleSources(dir, m, built); p != filepath.Join(dir, "include", "extra.h") {
+		t.Fatalf("a header under build.include changed after the build: stale by %q, want it", p)
+	}
+}

@@ -369,9 +369,13 @@ func TestHooksTheRuntimeWouldNotCall(t *testing.T) {
 			`exports _Z19plover_instance_intP12plover_state, a C++ function named plover_instance_int, which the runtime never calls (did you mean "plover_instance_init"?)`},
 		{"a C++ hook without PLOVER_EXPORT", `void plover_load(plover_state_t *s) { (void)s; }`, nil, ""},
 		{"a hook without PLOVER_EXPORT, hidden by default", `void plover_load(plover_state_t *s) { (void)s; }`, []string{"-fvisibility=hidden"}, ""},
+		// One typo from a hook is refused at deploy even where an author
+		// meant it (plover_upload: rename it); loads take it.
+		{"an author's function one typo from a hook", `PLOVER_EXPORT void plover_upload(void) {}` + load, nil,
+			`exports the function plover_upload, which the runtime never calls: no ABI function has that name (did you mean "plover_unload"?)`},
 		// An author's own functions of the prefix, two typos or more from
 		// any hook, are left alone (a review found Suggest's two edits
-		// refused plover_lock, plover_read, plover_upload and more).
+		// refused plover_lock, plover_read, plover_instance_info and more).
 		{"a reserved name like no hook", `PLOVER_EXPORT void plover_helper(void) {}` + load, nil, ""},
 		{"helpers two typos from a hook", `PLOVER_EXPORT void plover_lock(void) {}
 PLOVER_EXPORT void plover_read(void) {}
