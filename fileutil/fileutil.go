@@ -164,16 +164,16 @@ func MkdirAllDurable(dir string, perm os.FileMode) error {
 		seen := makes.generation()
 		fi, err := os.Stat(dir)
 		present := err == nil && fi.IsDir()
-		var todo []string
+		var absent []string
 		if !present {
-			todo = missing(dir)
+			absent = missing(dir)
 		}
-		m, busy := makes.claim(dir, todo, seen)
+		m, busy := makes.claim(dir, absent, seen)
 		switch {
 		case busy != nil:
 			awaitMaker(busy)
 		case m != nil:
-			return makes.made(m, dir, perm, todo)
+			return makes.made(m, dir, perm, absent)
 		case present:
 			return nil
 		default:
@@ -184,14 +184,14 @@ func MkdirAllDurable(dir string, perm os.FileMode) error {
 
 // missing is what MkdirAll will make of dir, the deepest first.
 func missing(dir string) []string {
-	var todo []string
+	var absent []string
 	for d := range upFrom(dir) {
 		if _, err := os.Lstat(d); !errors.Is(err, fs.ErrNotExist) {
 			break // there, or unreadable: MkdirAll says which
 		}
-		todo = append(todo, d)
+		absent = append(absent, d)
 	}
-	return todo
+	return absent
 }
 
 // mkdirSynced makes dir and syncs the parent of each of made, removing
@@ -266,11 +266,11 @@ func (r *registry) generation() uint64 {
 }
 
 // claim decides for a call that looked at the disk while r.failed was
-// seen, and found todo missing of dir: it is to wait on the channel
+// seen, and found absent (the directories missing) of dir: it is to wait on the channel
 // returned (a making of dir or of one above it is pending, or a make
-// failed since the look), to make todo under the making returned, or,
+// failed since the look), to make absent under the making returned, or,
 // with neither, to make nothing of its own.
-func (r *registry) claim(dir string, todo []string, seen uint64) (*making, <-chan struct{}) {
+func (r *registry) claim(dir string, absent []string, seen uint64) (*making, <-chan struct{}) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.failed != seen {
@@ -281,25 +281,25 @@ func (r *registry) claim(dir string, todo []string, seen uint64) (*making, <-cha
 			return nil, m.done
 		}
 	}
-	if len(todo) == 0 {
+	if len(absent) == 0 {
 		return nil, nil
 	}
-	m := &making{top: todo[len(todo)-1], done: make(chan struct{})}
+	m := &making{top: absent[len(absent)-1], done: make(chan struct{})}
 	r.pending[m.top] = m
 	return m, nil
 }
 
-// made makes todo under m, the claim of this call, and settles it, as
+// made makes absent under m, the claim of this call, and settles it, as
 // failed should the making panic: a claim left pending would hold every
 // later call for dir, or below it, for good.
-func (r *registry) made(m *making, dir string, perm os.FileMode, todo []string) error {
+func (r *registry) made(m *making, dir string, perm os.FileMode, absent []string) error {
 	settled := false
 	defer func() {
 		if !settled {
 			r.settle(m, errMakePanicked)
 		}
 	}()
-	err := mkdirSynced(dir, perm, todo)
+	err := mkdirSynced(dir, perm, absent)
 	settled = true
 	return r.settle(m, err)
 }
