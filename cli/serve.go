@@ -558,7 +558,7 @@ func startTransports(ctx context.Context, f *serveFlags, n *node, front *frontDo
 	opts := httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, MaxConns: front.guard.Max, Log: log, Version: Version, Registry: reg, BodyBudget: front.budget,
 		ReadTimeout: f.readTimeout, WriteTimeout: f.writeTimeout, NoConsole: !f.console, Origins: f.origins}
 	if f.isolation == "process" {
-		opts.CPUWeights = n.cpu.Mechanism // nil: "off"
+		opts.CPUWeights = func() (string, string) { return n.cpu.Mechanism(), n.cpu.OffReason() } // nil: "off"
 	}
 	if n.repo != nil { // not a nil *Repository in the interface
 		opts.Repository = n.repo

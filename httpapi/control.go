@@ -250,7 +250,11 @@ func (s *Server) health(ctx *fasthttp.RequestCtx) {
 	}
 	body := map[string]any{"status": status, "devices": devs}
 	if s.opts.CPUWeights != nil {
-		body["cpu_weights"] = s.opts.CPUWeights()
+		mech, why := s.opts.CPUWeights()
+		body["cpu_weights"] = mech
+		if why != "" {
+			body["cpu_weights_off"] = why
+		}
 	}
 	writeJSON(ctx, code, body)
 }

@@ -69,8 +69,9 @@ type Options struct {
 	// once; a request that finds no room within 5 s gets 503.
 	BodyBudget BodyBudget
 	// CPUWeights, when set, says how worker processes' CPU weights are
-	// applied ("cgroup v2", "cgroup v1", "nice", "off"), for /healthz.
-	CPUWeights func() string
+	// applied ("cgroup v2", "cgroup v1", "nice", "off"), for /healthz,
+	// and why they are off ("" while they are on).
+	CPUWeights func() (mechanism, offReason string)
 	// ReadTimeout bounds the time a client takes to send a request, its
 	// headers and body (408 past it); 0: 60 s.
 	ReadTimeout time.Duration

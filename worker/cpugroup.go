@@ -160,6 +160,21 @@ func (g *CPUGroups) Mechanism() string {
 	return "cgroup v1"
 }
 
+// OffReason says why the weights are off ("" while they are on): the
+// failure that turned them off, or the flag. An operator reading /healthz
+// sees "off" and why, not only the start log's line.
+func (g *CPUGroups) OffReason() string {
+	if g == nil {
+		return "turned off (--cpu-weights=false)"
+	}
+	if !g.off() {
+		return ""
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.broken.Error()
+}
+
 // newCgroups is NewCPUGroups's cgroup controller, or nil (logged).
 func newCgroups(log *slog.Logger) *CPUGroups {
 	name := fmt.Sprintf("plover-%d", os.Getpid())

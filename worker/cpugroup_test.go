@@ -192,6 +192,10 @@ func TestNiceWeightsOffWhereWorkersCannotBeReniced(t *testing.T) {
 			if said(tc.said) != 1 || tc.mechanism == "off" && (said("as uid 65534 and the server as uid 0 without CAP_SYS_NICE") != 1 || said("raised only") != 0) {
 				t.Fatalf("the start log does not say once %q (and, off, why: no CAP_SYS_NICE)", tc.said)
 			}
+			// /healthz's reason: the start log's, while off; none while on.
+			if why := g.OffReason(); (tc.mechanism == "off") != strings.Contains(why, "without CAP_SYS_NICE") {
+				t.Fatalf("off reason %q with mechanism %s", why, tc.mechanism)
+			}
 			g.Place(pid, 0).Weigh(&abi.Manifest{Name: "f"})
 			if m := g.Mechanism(); m != tc.mechanism {
 				t.Fatalf("mechanism %q once a worker was weighed, want %s", m, tc.mechanism)

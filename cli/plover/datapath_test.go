@@ -189,16 +189,17 @@ func TestDataPath(t *testing.T) {
 
 // /healthz says how workers' CPU weights are applied: cgroups where they
 // can be written, nice levels where they cannot (a pod; here a cgroup root
-// with nothing in it).
+// with nothing in it), and why they are off where they are.
 func TestCPUWeightsReported(t *testing.T) {
 	bin := buildPlover(t)
 	for _, tc := range []struct {
 		args []string
 		want []string
+		why  string // in cpu_weights_off; "": none
 	}{
-		{nil, []string{"cgroup v1", "cgroup v2", "nice"}}, // whatever this machine allows
-		{[]string{"--cgroup-root", t.TempDir()}, []string{"nice"}},
-		{[]string{"--cpu-weights=false"}, []string{"off"}},
+		{nil, []string{"cgroup v1", "cgroup v2", "nice"}, ""}, // whatever this machine allows
+		{[]string{"--cgroup-root", t.TempDir()}, []string{"nice"}, ""},
+		{[]string{"--cpu-weights=false"}, []string{"off"}, "--cpu-weights=false"},
 	} {
 		srv := startServer(t, bin, append([]string{"--isolation", "process"}, tc.args...)...)
 		resp, err := http.Get(srv.url + "/healthz")
@@ -207,11 +208,15 @@ func TestCPUWeightsReported(t *testing.T) {
 		}
 		var h struct {
 			CPUWeights string `json:"cpu_weights"`
+			Off        string `json:"cpu_weights_off"`
 		}
 		err = json.NewDecoder(resp.Body).Decode(&h)
 		resp.Body.Close()
 		if err != nil || !slices.Contains(tc.want, h.CPUWeights) {
 			t.Fatalf("%v: cpu_weights %q (%v), want one of %q", tc.args, h.CPUWeights, err, tc.want)
+		}
+		if (tc.why == "") != (h.Off == "") || !strings.Contains(h.Off, tc.why) {
+			t.Fatalf("%v: cpu_weights_off %q, want %q in it", tc.args, h.Off, tc.why)
 		}
 	}
 }
