@@ -139,10 +139,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "plover_pipeline_step_seconds",
 			Help: "Time of each pipeline step that succeeded in the engine (queue, load and run), by pipeline, step index and function; failed steps are plover_pipeline_step_errors_total.",
-			// 25 µs .. 52 s: a step may take up to its request's
-			// deadline (30 s by default); ending at 3.3 s, every slower
-			// step read as +Inf.
-			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 22),
+			// 25 µs .. 839 s: a step may take up to its request's
+			// deadline (30 s by default, up to --max-timeout's 10 min);
+			// ending at 3.3 s, every slower step read as +Inf.
+			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 26),
 		}, []string{"pipeline", "step", "function"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "plover_pipeline_step_errors_total",

@@ -92,6 +92,7 @@ func TestStepBucketsReachTheDeadline(t *testing.T) {
 		{2 * time.Second, 3.2768},
 		{5 * time.Second, 6.5536},
 		{29 * time.Second, 52.4288},
+		{599 * time.Second, 838.8608}, // --max-timeout's 10 min
 	} {
 		reg := prometheus.NewRegistry()
 		New(nil, reg).met.observe("p", 0, "fn", tc.took, nil)

@@ -53,11 +53,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "plover_request_duration_seconds",
 			Help: "Successful invoke time by phase: queue, sched (waiting for the device's scheduler), load (cold/warm start), copy_in, kernels, copy_out, total; resolve and dispatch are no phase here, so the phases do not add up to total.",
-			// 10 µs .. 58 s: past the default request timeout (plover
-			// serve --timeout 30s), which a request's total may come near
-			// (a queue and a cold load that took most of it); ending at
-			// 23 s, such requests all read as +Inf.
-			Buckets: prometheus.ExponentialBuckets(10e-6, 2.5, 18),
+			// 10 µs .. 909 s: past the longest deadline a client may ask
+			// for (plover serve --max-timeout, 10 min), which a request's
+			// total may come near (a queue and a cold load that took most
+			// of it); ending at 23 s, such requests all read as +Inf, and
+			// at 58 s, those of clients asking for minutes.
+			Buckets: prometheus.ExponentialBuckets(10e-6, 2.5, 21),
 		}, []string{"function", "phase"}),
 		copied: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "plover_payload_copied_bytes_total",

@@ -78,10 +78,11 @@ func TestOtherKeepsNoNames(t *testing.T) {
 
 // A successful request's total lands in a bucket of its size, from tens
 // of microseconds to past the default request timeout (plover serve
-// --timeout 30s): the buckets ended at 23 s, so that a request that took
-// 25 or 29 s of its 30 read as +Inf, and a p99 over them as 23 s.
+// --timeout 30s) and the longest (--max-timeout, 10 min): the buckets
+// ended at 23 s, so that a request that took 25 or 29 s of its 30 read as
+// +Inf, and a p99 over them as 23 s; then at 58 s.
 func TestDurationBucketsReachPastTheTimeout(t *testing.T) {
-	for _, d := range []time.Duration{10 * time.Microsecond, 300 * time.Millisecond, 25 * time.Second, 29 * time.Second, 45 * time.Second} {
+	for _, d := range []time.Duration{10 * time.Microsecond, 300 * time.Millisecond, 25 * time.Second, 29 * time.Second, 45 * time.Second, 5 * time.Minute, 599 * time.Second} {
 		m := New(prometheus.NewRegistry())
 		r := &call.Request{Version: "v1"}
 		r.Timing.Total = d
