@@ -358,6 +358,8 @@ func (s *fn) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		writeJSON(w, 200, map[string]any{"current": vid(cur), "versions": vs})
 	case "/metrics":
+	case "/v1/functions/forbidden": // a token without the read scope
+		writeJSON(w, 403, map[string]any{"error": map[string]string{"code": "forbidden", "message": `token "inv" lacks the "read" scope`}})
 	case "/v1/functions/f/rollback":
 		var body struct{ Version string }
 		json.NewDecoder(r.Body).Decode(&body)
@@ -467,6 +469,50 @@ func TestFunctionPage(t *testing.T) {
 		}
 		if eval[bool](p, `document.getElementById("invoke-download") !== null`) {
 			t.Error("after sign-out the page still offers the output")
+		}
+	})
+
+	// Signing out clears the status line: the last view's errors and the
+	// function they named are the last user's (they stayed beside the
+	// form, "asking again" of a view that had ended).
+	t.Run("sign-out clears the status", func(t *testing.T) {
+		p := b.tab(t, "")
+		p.do(30*time.Second, "a page the token may not read",
+			chromedp.Navigate(f.url+"/ui/#/functions/forbidden?token="+token),
+			poll(`document.getElementById("status").textContent.includes("lacks the")`))
+		p.do(10*time.Second, "sign out", chromedp.Click(chromedp.CSS("#signout")), chromedp.WaitVisible(chromedp.CSS("#signin")))
+		if got := eval[string](p, `document.getElementById("status").textContent`); got != "" {
+			t.Errorf("after sign-out the status line reads %q", got)
+		}
+	})
+
+	// A token no Authorization header can carry (typographic quotes
+	// pasted with it) is refused where it is given, by a link or the
+	// form: held, every request threw in the browser before it went out,
+	// no 401 came to drop it, and the page showed it signed in for good.
+	t.Run("an unsendable token is refused", func(t *testing.T) {
+		p := b.tab(t, "")
+		held := `sessionStorage.getItem("plover-token")`
+		p.do(30*time.Second, "a link with a quoted token",
+			chromedp.Navigate(f.url+"/ui/#/functions/f?token=%E2%80%9Cabc%E2%80%9D"),
+			chromedp.WaitVisible(chromedp.CSS("#signin")),
+			poll(`document.getElementById("signin-error").textContent.includes("not taken")`))
+		if got := eval[any](p, held); got != nil {
+			t.Errorf("the link's token is held: %v", got)
+		}
+		p.do(10*time.Second, "the form given the token with a space",
+			chromedp.SetValue(chromedp.CSS("#token"), "abc def"),
+			chromedp.Click(chromedp.CSS(`#signin button[type="submit"]`)),
+			poll(`document.getElementById("signin-error").textContent.includes("printable ASCII")`))
+		if got := eval[any](p, held); got != nil || eval[bool](p, `document.getElementById("signin").hidden`) {
+			t.Errorf("the form's token is held (%v), or the form hidden", got)
+		}
+		// One held already (an older page's): dropped at the first request.
+		p.do(10*time.Second, "a held token with a quote",
+			chromedp.Evaluate[chromedp.Void](`sessionStorage.setItem("plover-token", "\u201cabc"); location.hash = "#/"`),
+			poll(`document.getElementById("signin-error").textContent.includes("was dropped")`))
+		if got := eval[any](p, held); got != nil {
+			t.Errorf("the held token stays: %v", got)
 		}
 	})
 

@@ -11,6 +11,10 @@ const main = document.getElementById("main");
 const statusLine = document.getElementById("status");
 const KEY = "plover-token";
 let stop = []; // what the current view must end when the route changes
+// refusedToken says why a token was not taken (a link's) or was dropped
+// (one held), for the sign-in form until a token is given: the server's
+// 401 to the page's tokenless requests would replace it.
+let refusedToken = "";
 
 // el makes an element; string children become text nodes.
 function el(tag, attrs, ...children) {
@@ -39,8 +43,10 @@ function takeToken() {
   if (q >= 0) { route = h.slice(0, q); query = h.slice(q + 1); }
   else if (h.startsWith("token=")) { route = "/"; query = h; }
   const params = new URLSearchParams(query);
-  const t = params.get("token");
-  if (t === null) return;
+  const given = params.get("token");
+  if (given === null) return;
+  const t = given.trim();
+  const bad = unsendable(t);
   // A link is anyone's: it signs no one in silently, whether as a first
   // token (a link that opens a new tab would act as its sender's) or as
   // someone else than the user (whose functions the user would then
@@ -48,12 +54,29 @@ function takeToken() {
   const held = sessionStorage.getItem(KEY);
   const ask = held ? `This link signs in with token ${tokenTag(t)} instead of yours (${tokenTag(held)}).`
     : `This link signs you in with token ${tokenTag(t)}: what you do on this page, you do as that token.`;
-  if (held === t || window.confirm(ask + " Use it?")) {
+  if (bad) {
+    // Held, it would fail every request in the browser before one went
+    // out, the page showing it signed in: refused here, said on the form
+    // (or, where another token is held, on the status line).
+    refusedToken = "The link's token was not taken: " + bad;
+    if (held) say(refusedToken);
+    else document.getElementById("signin-error").textContent = refusedToken;
+  } else if (held === t || window.confirm(ask + " Use it?")) {
     sessionStorage.setItem(KEY, t);
   }
   params.delete("token");
   const rest = params.toString();
   history.replaceState(null, "", location.pathname + "#" + (route || "/") + (rest ? "?" + rest : ""));
+}
+
+// unsendable says why t cannot go out in an Authorization header ("" if it
+// can): a browser's Headers refuses code points past U+00FF (a token
+// pasted with typographic quotes), which threw before any request went
+// out, so that no 401 ever dropped it. Plover's tokens are printable ASCII.
+function unsendable(t) {
+  if (t === "") return "it is empty.";
+  if (!/^[\x21-\x7e]+$/.test(t)) return "a token is printable ASCII without spaces, and this one has other characters (quotes or spaces pasted with it?).";
+  return "";
 }
 
 // tokenTag names a token by its first characters: enough for its holder
@@ -138,6 +161,13 @@ async function api(path, opts = {}) {
   let t = null;
   const auth = () => {
     t = opts.anonymous ? null : sessionStorage.getItem(KEY);
+    if (t && unsendable(t)) { // held before the page checked (an older page's)
+      sessionStorage.removeItem(KEY);
+      showSignedIn();
+      refusedToken = "The token held was dropped: " + unsendable(t);
+      showSignIn("");
+      throw new Unauthenticated(path);
+    }
     if (t) headers.set("Authorization", "Bearer " + t);
   };
   let r;
@@ -198,8 +228,11 @@ async function api(path, opts = {}) {
 
 function showSignIn(why) {
   dropOutput(); // the view that showed it is cleared below
+  // The last view's status (its errors, the function it named, "asking
+  // again") is the last user's: it outlived a sign-out beside the form.
+  say("");
   document.getElementById("signin").hidden = false;
-  document.getElementById("signin-error").textContent = why || "";
+  document.getElementById("signin-error").textContent = [refusedToken, why].filter(Boolean).join(" ");
   main.replaceChildren();
   document.getElementById("token").focus();
 }
@@ -208,7 +241,13 @@ function setupSignIn() {
   const form = document.getElementById("signin");
   form.addEventListener("submit", (ev) => {
     ev.preventDefault();
-    sessionStorage.setItem(KEY, document.getElementById("token").value);
+    const t = document.getElementById("token").value.trim(), bad = unsendable(t);
+    if (bad) {
+      document.getElementById("signin-error").textContent = bad;
+      return;
+    }
+    sessionStorage.setItem(KEY, t);
+    refusedToken = "";
     document.getElementById("token").value = "";
     document.getElementById("signin-error").textContent = "";
     form.hidden = true;
