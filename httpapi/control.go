@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strconv"
 	"time"
@@ -116,10 +117,19 @@ func (s *Server) gc(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"removed": removed})
 }
 
+// strictJSON decodes b, one JSON value with no unknown fields and nothing
+// but whitespace after it, as /v1 and /v2 bodies are read: a rollback
+// body of two objects went to the first one's version.
 func strictJSON(b []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	return dec.Decode(v)
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if rest := b[dec.InputOffset():]; len(bytes.TrimLeft(rest, " \t\r\n")) > 0 {
+		return fmt.Errorf("trailing data after the JSON value (%d bytes)", len(rest))
+	}
+	return nil
 }
 
 func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
