@@ -9,6 +9,9 @@ import (
 	"github.com/plover-run/plover/errdefs"
 )
 
+// maxRetryAfter is the longest wait RetryAfter gives: 2^31 s, about 68 years.
+const maxRetryAfter = 1 << 31 * time.Second
+
 // RetryAfter reads a Retry-After header's value: delay-seconds, or an HTTP
 // date (the wait until then, rounded up to a second); 0 for none, one that
 // is neither, or a wait already over. It lives here, beside the statuses
@@ -18,13 +21,16 @@ import (
 func RetryAfter(v string, now time.Time) time.Duration {
 	v = strings.TrimSpace(v)
 	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if n < 0 || n > 1<<31 {
+		if n < 0 || n > int64(maxRetryAfter/time.Second) {
 			return 0
 		}
 		return time.Duration(n) * time.Second
 	}
 	if t, err := http.ParseTime(v); err == nil {
-		d := max(t.Sub(now), 0)
+		// A date centuries out saturates Sub at its largest Duration,
+		// which rounding up wrapped to a negative wait ("none" to the
+		// callers, who act on a positive one): cut at delay-seconds' bound.
+		d := min(max(t.Sub(now), 0), maxRetryAfter)
 		return (d + time.Second - 1) / time.Second * time.Second
 	}
 	return 0
