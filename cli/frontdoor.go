@@ -262,7 +262,7 @@ func (d *frontDoor) remind(ctx context.Context, flag, addr string) {
 	t := time.NewTicker(time.Hour)
 	defer t.Stop()
 	for {
-		d.log.Warn("--insecure-no-auth: no authentication on a non-loopback address; anyone who reaches it can deploy and run native code", "flag", flag, "addr", addr)
+		d.log.Warn("--insecure-no-auth: no authentication on a non-loopback address; anyone who reaches it can deploy and run native code, including any web page a browser on this machine or network opens (DNS rebinding)", "flag", flag, "addr", addr)
 		select {
 		case <-ctx.Done():
 			return
