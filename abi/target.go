@@ -119,10 +119,16 @@ func (b *Build) IncludeDirs() []string {
 // depFlags make g++ and nvcc (CUDA 10.2 and later) write deps, the
 // non-system headers they read, while they compile. One -MF file is
 // written again by each source's compilation, so for several sources it
-// would hold the last one's alone: none is asked for then.
-func depFlags(b *Build, deps string) []string {
+// would hold the last one's alone: none is asked for then. phony adds
+// -MP, an empty rule per header: plover init's Makefile includes the
+// file under the same name, and without those rules a header deleted
+// since (its #include gone too) stops make with "No rule to make target".
+func depFlags(b *Build, deps string, phony bool) []string {
 	if deps == "" || len(b.Sources) != 1 {
 		return nil
+	}
+	if phony {
+		return []string{"-MMD", "-MP", "-MF", deps}
 	}
 	return []string{"-MMD", "-MF", deps}
 }

@@ -144,6 +144,12 @@ func findNVCC() (*nvccInfo, error) {
 // is asked for none.
 var nvccDeps = release{10, 2}
 
+// nvccPhonyDeps is the first CUDA release whose nvcc is known to take -MP
+// (11.8, the one checked here; it may be older): one between this and
+// nvccDeps writes the list without the empty rules, since an option it
+// does not know fails the build.
+var nvccPhonyDeps = release{11, 8}
+
 // cudaCommand is the CUDA build's command line, or why nvcc cannot build
 // what the build section asks for.
 func cudaCommand(nv *nvccInfo, b *Build, out, deps string) ([]string, error) {
@@ -185,7 +191,7 @@ func cudaCommand(nv *nvccInfo, b *Build, out, deps string) ([]string, error) {
 	if !nv.Version.known() || nv.Version.less(nvccDeps) {
 		deps = ""
 	}
-	return append(argv, depFlags(b, deps)...), nil
+	return append(argv, depFlags(b, deps, !nv.Version.less(nvccPhonyDeps))...), nil
 }
 
 func hasCCBin(flags []string) bool {

@@ -49,5 +49,5 @@ func hostCommand(cxx string, b *Build, out, deps string) []string {
 	argv = append(argv, b.CXXFlags...)
 	argv = append(argv, "-o", out)
 	argv = append(argv, b.Sources...)
-	return append(argv, depFlags(b, deps)...)
+	return append(argv, depFlags(b, deps, true)...)
 }

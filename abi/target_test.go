@@ -105,7 +105,9 @@ func TestHostCommand(t *testing.T) {
 		{"defaults", Build{Sources: []string{"k.cu"}}, "", fixed + " -Iinclude -o build/host/k.so k.cu"},
 		{"includes, flags, two sources", Build{Sources: []string{"a.cu", "src/b.cu"}, Include: []string{"inc", "third_party/x"}, CXXFlags: []string{"-march=native", "-DN=4"}}, "",
 			fixed + " -Iinc -Ithird_party/x -march=native -DN=4 -o build/host/k.so a.cu src/b.cu"},
-		{"a dependency file", Build{Sources: []string{"k.cu"}}, "build/host/k.d", fixed + " -Iinclude -o build/host/k.so k.cu -MMD -MF build/host/k.d"},
+		// -MP: the generated Makefile includes the file, and a header deleted
+		// since must not stop make.
+		{"a dependency file", Build{Sources: []string{"k.cu"}}, "build/host/k.d", fixed + " -Iinclude -o build/host/k.so k.cu -MMD -MP -MF build/host/k.d"},
 		// Each source's compilation would write the file again.
 		{"no dependency file for two sources", Build{Sources: []string{"a.cu", "b.cu"}}, "build/host/k.d", fixed + " -Iinclude -o build/host/k.so a.cu b.cu"},
 	}
@@ -169,20 +171,22 @@ func TestCUDACommand(t *testing.T) {
 	}
 }
 
-// nvcc writes the dependency file from CUDA 10.2 on, one source at a time.
+// nvcc writes the dependency file from CUDA 10.2 on, one source at a time,
+// with -MP's empty rules from the release known to take it.
 func TestCUDACommandDeps(t *testing.T) {
-	const want = " -o out/k.so k.cu -MMD -MF out/k.d"
 	for _, tt := range []struct {
 		name    string
 		version release
 		sources []string
-		writes  bool
+		want    string // the command line's end; "": no -MMD
 	}{
-		{"CUDA 11.8", release{11, 8}, []string{"k.cu"}, true},
-		{"CUDA 10.2", release{10, 2}, []string{"k.cu"}, true},
-		{"CUDA 10.1 has no -MMD", release{10, 1}, []string{"k.cu"}, false},
-		{"an unknown release may not", release{}, []string{"k.cu"}, false},
-		{"two sources", release{11, 8}, []string{"k.cu", "l.cu"}, false},
+		{"CUDA 12.4", release{12, 4}, []string{"k.cu"}, " -o out/k.so k.cu -MMD -MP -MF out/k.d"},
+		{"CUDA 11.8", release{11, 8}, []string{"k.cu"}, " -o out/k.so k.cu -MMD -MP -MF out/k.d"},
+		{"CUDA 11.7 is not known to take -MP", release{11, 7}, []string{"k.cu"}, " -o out/k.so k.cu -MMD -MF out/k.d"},
+		{"CUDA 10.2", release{10, 2}, []string{"k.cu"}, " -o out/k.so k.cu -MMD -MF out/k.d"},
+		{"CUDA 10.1 has no -MMD", release{10, 1}, []string{"k.cu"}, ""},
+		{"an unknown release may not", release{}, []string{"k.cu"}, ""},
+		{"two sources", release{11, 8}, []string{"k.cu", "l.cu"}, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			nv := &nvccInfo{Path: "nvcc", Version: tt.version, HostGCC: 8}
@@ -191,8 +195,8 @@ func TestCUDACommandDeps(t *testing.T) {
 				t.Fatal(err)
 			}
 			line := strings.Join(argv, " ")
-			if strings.HasSuffix(line, want) != tt.writes || !tt.writes && strings.Contains(line, "-MMD") {
-				t.Fatalf("%s: want the dependency file %v", line, tt.writes)
+			if tt.want == "" && strings.Contains(line, "-MMD") || tt.want != "" && !strings.HasSuffix(line, tt.want) {
+				t.Fatalf("%s: want it to end %q", line, tt.want)
 			}
 		})
 	}

@@ -103,19 +103,7 @@ func headerFixture(t *testing.T, header, include string, cxxflags []string) stri
 	if _, stderr, err := runCommand(initCmd(), "hdr", "--dir", src); err != nil {
 		t.Fatalf("init: %v\n%s", err, stderr)
 	}
-	h := filepath.Join(src, header)
-	os.MkdirAll(filepath.Dir(h), 0o755)
-	if err := os.WriteFile(h, []byte("#define OFFSET 0.0f\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cu := filepath.Join(src, "hdr.cu")
-	b, _ := os.ReadFile(cu)
-	edited := strings.Replace(string(b), "ab[1];", "ab[1] + OFFSET;", 1)
-	edited = strings.Replace(edited, `#include "plover_kernel.h"`, `#include "plover_kernel.h"`+"\n#include \""+include+"\"", 1)
-	if !strings.Contains(edited, "OFFSET;") || !strings.Contains(edited, include) {
-		t.Fatal("test bug: the scaffold's kernel changed")
-	}
-	os.WriteFile(cu, []byte(edited), 0o644)
+	h := includeHeader(t, src, header, include)
 	if cxxflags != nil {
 		m := mustManifest(t, src)
 		for _, f := range cxxflags {
@@ -137,6 +125,29 @@ func headerFixture(t *testing.T, header, include string, cxxflags []string) stri
 	lib := filepath.Join(src, BuildDir, "host", "hdr.so")
 	os.Chtimes(lib, past, past.Add(time.Minute))
 	return src
+}
+
+// includeHeader has the kernel of plover init's directory src add OFFSET
+// (0) from header (a path from src, written here), which it includes as
+// include. It returns the header's path.
+func includeHeader(t *testing.T, src, header, include string) string {
+	t.Helper()
+	h := filepath.Join(src, header)
+	os.MkdirAll(filepath.Dir(h), 0o755)
+	if err := os.WriteFile(h, []byte("#define OFFSET 0.0f\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cu := filepath.Join(src, filepath.Base(src)+".cu")
+	b, _ := os.ReadFile(cu)
+	edited := strings.Replace(string(b), "ab[1];", "ab[1] + OFFSET;", 1)
+	edited = strings.Replace(edited, `#include "plover_kernel.h"`, `#include "plover_kernel.h"`+"\n#include \""+include+"\"", 1)
+	if !strings.Contains(edited, "OFFSET;") || !strings.Contains(edited, include) {
+		t.Fatal("test bug: the scaffold's kernel changed")
+	}
+	if err := os.WriteFile(cu, []byte(edited), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return h
 }
 
 // The dependency files g++ and nvcc write, as plover build reads them.
