@@ -70,7 +70,7 @@ func buildCmd() *command {
 				out = filepath.Join(dir, BuildDir)
 			}
 			for _, t := range targets {
-				if bdir := filepath.Join(out, t); sameDir(bdir, dir) {
+				if bdir := filepath.Join(out, t); sameFile(bdir, dir) {
 					// The bundle's plover.json (no build section) would
 					// replace the source's, and its constants copied onto
 					// themselves were deleted.
@@ -199,9 +199,10 @@ func buildTarget(dir, out, target string, m *abi.Manifest, env *Env) (*builtBund
 	return b, nil
 }
 
-// sameDir reports whether a and b are one directory, however named (a
-// relative path, .., a symbolic link); false where either is not there.
-func sameDir(a, b string) bool {
+// sameFile reports whether a and b are one file or directory, however
+// named (a relative path, .., a symbolic link); false where either is not
+// there.
+func sameFile(a, b string) bool {
 	ai, err := os.Stat(a)
 	if err != nil {
 		return false

@@ -96,26 +96,78 @@ func readDeps(path string) ([]string, bool) {
 }
 
 // staleUnder is staleSources for a build that left no dependency file (of
-// several sources, by the generated Makefile, or by an older plover),
-// past build.include (staleIncludes, which every build is checked
-// against): a file newer than since among the C, C++ and CUDA files of
-// the source directory and of the relative
-// directories that -I flags in cxxflags and nvccflags name (an absolute
-// one is a toolkit's or the system's, not the function's).
+// several sources, by an older plover or the Makefile an older plover init
+// wrote, or by an nvcc before CUDA 10.2), past build.include (staleIncludes, which every build
+// is checked against): a file newer than since among the C, C++ and CUDA
+// files of the source directory and of the directories -I flags in
+// cxxflags and nvccflags name (includeFlagRoots).
 func staleUnder(dir string, m *abi.Manifest, since time.Time) string {
 	buildDir := filepath.Join(dir, BuildDir)
-	roots := []string{dir}
-	for _, inc := range includeFlagDirs(append(append([]string{}, m.Build.CXXFlags...), m.Build.NVCCFlags...)) {
-		if !filepath.IsAbs(inc) {
-			roots = append(roots, filepath.Join(dir, inc))
-		}
+	if p := newerUnder(dir, buildDir, since, isCSource, 0); p != "" {
+		return p
 	}
-	for _, root := range roots {
-		if p := newerUnder(root, buildDir, since, isCSource); p != "" {
+	flags := append(append([]string{}, m.Build.CXXFlags...), m.Build.NVCCFlags...)
+	for _, root := range includeFlagRoots(dir, flags) {
+		if p := newerUnder(root, buildDir, since, isCSource, includeWalkLimit); p != "" {
 			return p
 		}
 	}
 	return ""
+}
+
+// includeWalkLimit bounds the walk of a directory an -I flag names, in
+// entries: a larger tree is a library's or a toolkit's (CUDA's include
+// directory holds thousands of files), not the function's own headers, and
+// walking it on every plover run and deploy would cost more than the
+// check is worth; it is left unwatched. A variable for tests.
+var includeWalkLimit = 2000
+
+// systemIncludeDirs are where compilers and toolkits keep their headers,
+// as patterns (filepath.Match) for a directory or one above it. An -I
+// naming one is never walked: a package update there is no change of the
+// function, and most are far past includeWalkLimit anyway, but a walk up to
+// the limit could still find a newer file first.
+var systemIncludeDirs = []string{
+	"/usr/include", "/usr/local/include", "/usr/lib*", "/usr/local/lib*", "/usr/share",
+	"/usr/local/cuda*", "/opt/cuda*", "/opt/nvidia", "/opt/rocm*",
+}
+
+// isSystemDir reports whether abs, an absolute path with its symbolic
+// links resolved, is / or lies in one of systemIncludeDirs.
+func isSystemDir(abs string) bool {
+	if abs == "/" {
+		return true
+	}
+	for p := abs; p != "/" && p != "."; p = filepath.Dir(p) {
+		for _, pattern := range systemIncludeDirs {
+			if ok, _ := filepath.Match(pattern, p); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// includeFlagRoots are the directories -I flags among flags name, as a
+// walk should start at them: a relative one taken from dir, symbolic links
+// resolved (a walk does not enter a link it starts at); one that is not
+// there, or is the system's (isSystemDir), is left out.
+func includeFlagRoots(dir string, flags []string) []string {
+	var roots []string
+	for _, inc := range includeFlagDirs(flags) {
+		if !filepath.IsAbs(inc) {
+			inc = filepath.Join(dir, inc)
+		}
+		real, err := filepath.EvalSymlinks(inc)
+		if err != nil {
+			continue // not there: nothing in it changed
+		}
+		if abs, err := filepath.Abs(real); err != nil || isSystemDir(abs) {
+			continue
+		}
+		roots = append(roots, real)
+	}
+	return roots
 }
 
 // staleIncludes is the first file under the build's include directories
@@ -123,7 +175,7 @@ func staleUnder(dir string, m *abi.Manifest, since time.Time) string {
 func staleIncludes(dir string, m *abi.Manifest, since time.Time) string {
 	buildDir := filepath.Join(dir, BuildDir)
 	for _, inc := range m.Build.IncludeDirs() {
-		if p := newerUnder(filepath.Join(dir, inc), buildDir, since, func(string) bool { return true }); p != "" {
+		if p := newerUnder(filepath.Join(dir, inc), buildDir, since, func(string) bool { return true }, 0); p != "" {
 			return p
 		}
 	}
@@ -133,20 +185,28 @@ func staleIncludes(dir string, m *abi.Manifest, since time.Time) string {
 // newerUnder is the first file under root modified after since whose name
 // want takes, or "". It does not enter buildDir (the build's outputs,
 // written after the library) or hidden directories (version control's).
-func newerUnder(root, buildDir string, since time.Time, want func(name string) bool) string {
-	found := ""
+// With a limit, a tree of more entries than that is "" whatever it holds
+// (see includeWalkLimit), so the walk goes on past a newer file to count.
+func newerUnder(root, buildDir string, since time.Time, want func(name string) bool, limit int) string {
+	found, seen := "", 0
 	filepath.WalkDir(root, func(p string, de fs.DirEntry, err error) error {
+		if seen++; limit > 0 && seen > limit {
+			found = ""
+			return filepath.SkipAll
+		}
 		switch {
 		case err != nil:
 			return nil // unreadable: what is not there is no change
 		case de.IsDir() && p != root && (p == buildDir || strings.HasPrefix(de.Name(), ".")):
 			return filepath.SkipDir
-		case de.IsDir() || !want(de.Name()):
+		case de.IsDir() || !want(de.Name()) || found != "":
 			return nil
 		}
 		if fi, err := de.Info(); err == nil && fi.ModTime().After(since) {
 			found = p
-			return filepath.SkipAll
+			if limit <= 0 {
+				return filepath.SkipAll
+			}
 		}
 		return nil
 	})

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -15,11 +16,12 @@ import (
 // plover run (and deploy, through the same resolveBundle) rebuilds after a
 // header the kernel includes changed, wherever the header is: beside the
 // source, below it, or in a directory outside it that an -I in cxxflags
-// names. Such a header once went unseen, and the old bytes ran. With the
-// dependency file plover build has the compiler write, and without it (a
-// build of several sources, the Makefile's), by the walk, which does not
-// reach a directory an absolute -I names, nor tells a header the build
-// read from one beside it that it did not.
+// names, relative or absolute. Such a header once went unseen, and the
+// old bytes ran. With the dependency file plover build has the compiler
+// write, and without it (a build of several sources, an older Makefile's)
+// by the walk, which once left out a directory an absolute -I names, and
+// does not tell a header the build read from one beside it that it did
+// not.
 func TestRunRebuildsWhenAHeaderChanged(t *testing.T) {
 	compilerFor(t, abi.TargetHost)
 	for _, tt := range []struct {
@@ -27,17 +29,14 @@ func TestRunRebuildsWhenAHeaderChanged(t *testing.T) {
 		header   string   // its path from the source directory
 		include  string   // as the kernel names it
 		cxxflags []string // $SRC: the source directory
-		depsOnly bool     // the walk does not find it
 	}{
-		{"beside the source", "offset.h", "offset.h", nil, false},
-		{"below the source", "kern/offset.h", "kern/offset.h", nil, false},
-		{"through -I in cxxflags, outside the source", "../common/offset.h", "offset.h", []string{"-I../common"}, false},
-		{"through an absolute -I in cxxflags", "../common/offset.h", "offset.h", []string{"-I$SRC/../common"}, true},
+		{"beside the source", "offset.h", "offset.h", nil},
+		{"below the source", "kern/offset.h", "kern/offset.h", nil},
+		{"through -I in cxxflags, outside the source", "../common/offset.h", "offset.h", []string{"-I../common"}},
+		{"through an absolute -I in cxxflags", "../common/offset.h", "offset.h", []string{"-I$SRC/../common"}},
+		{"through an absolute -I, a symbolic link", "../common/offset.h", "offset.h", []string{"-I$SRC/../link"}},
 	} {
 		for _, withDeps := range []bool{true, false} {
-			if tt.depsOnly && !withDeps {
-				continue
-			}
 			name := tt.name
 			if !withDeps {
 				name += ", no dependency file"
@@ -72,9 +71,10 @@ func TestRunRebuildsWhenAHeaderChanged(t *testing.T) {
 				}
 				h := filepath.Join(src, tt.header)
 				os.WriteFile(h, []byte("#define OFFSET 100.0f\n"), 0o644)
-				// As the compiler named it: through $SRC/.. for the absolute -I.
+				// As the compiler or the walk named it: through $SRC/.. for
+				// the absolute -I, through the link or where it leads.
 				stale := staleSources(src, m, built)
-				if filepath.Clean(stale) != h {
+				if !sameFile(stale, h) {
 					t.Fatalf("stale by %q, want the edited header %s", stale, h)
 				}
 				ys, stderr := runFloats(t, src, inPath)
@@ -91,9 +91,11 @@ func TestRunRebuildsWhenAHeaderChanged(t *testing.T) {
 
 // headerFixture is a function source directory, built for the host, whose
 // kernel adds OFFSET (0) from header (a path from the directory), which it
-// includes as include, built with cxxflags. Every file in the directory
-// and the header are dated a minute before the library, so that what a
-// test writes next is newer than the build without waiting for the clock.
+// includes as include, built with cxxflags; ../link beside the directory
+// is a symbolic link to the header's directory. Every file in the
+// directory and the header are dated a minute before the library, so that
+// what a test writes next is newer than the build without waiting for the
+// clock.
 func headerFixture(t *testing.T, header, include string, cxxflags []string) string {
 	t.Helper()
 	src := filepath.Join(t.TempDir(), "fn", "hdr")
@@ -104,6 +106,9 @@ func headerFixture(t *testing.T, header, include string, cxxflags []string) stri
 		t.Fatalf("init: %v\n%s", err, stderr)
 	}
 	h := includeHeader(t, src, header, include)
+	if err := os.Symlink(filepath.Dir(h), filepath.Join(filepath.Dir(src), "link")); err != nil {
+		t.Fatal(err)
+	}
 	if cxxflags != nil {
 		m := mustManifest(t, src)
 		for _, f := range cxxflags {
@@ -214,5 +219,119 @@ func TestAnOldDependencyFileHidesNoIncludedHeader(t *testing.T) {
 	write(filepath.Join(dir, "include", "extra.h"), "#error changed\n", old.Add(2*time.Minute))
 	if p := staleSources(dir, m, built); p != filepath.Join(dir, "include", "extra.h") {
 		t.Fatalf("a header under build.include changed after the build: stale by %q, want it", p)
+	}
+}
+
+// A build without a dependency file is checked against the directories
+// -I flags name, absolute ones too, but not a system directory (nor one
+// below, nor a link to one), and not a tree past includeWalkLimit entries:
+// each is left unwatched, whatever changed in it.
+func TestStaleUnderAbsoluteIncludes(t *testing.T) {
+	limit, system := includeWalkLimit, systemIncludeDirs
+	t.Cleanup(func() { includeWalkLimit, systemIncludeDirs = limit, system })
+	includeWalkLimit = 8
+	for _, tt := range []struct {
+		name   string
+		files  int  // besides the header
+		system bool // the -I directory is one of systemIncludeDirs
+		watch  bool
+	}{
+		{"a few files", 3, false, true},
+		{"at the limit", includeWalkLimit - 2, false, true}, // the directory, the header and these
+		{"past the limit", includeWalkLimit - 1, false, false},
+		{"a system directory", 0, true, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir, inc := t.TempDir(), t.TempDir()
+			systemIncludeDirs = system
+			if tt.system {
+				systemIncludeDirs = append(append([]string{}, system...), inc)
+			}
+			m := &abi.Manifest{Name: "fn", Library: "fn.so", Build: &abi.Build{Sources: []string{"fn.cu"}, CXXFlags: []string{"-I" + inc}}}
+			built := filepath.Join(dir, BuildDir, "host")
+			if err := os.MkdirAll(built, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			old := time.Now().Add(-time.Hour)
+			for i := 0; i < tt.files; i++ {
+				writeAt(t, filepath.Join(inc, fmt.Sprintf("a%02d.h", i)), old)
+			}
+			writeAt(t, filepath.Join(dir, "fn.cu"), old)
+			writeAt(t, filepath.Join(dir, abi.ManifestFile), old)
+			writeAt(t, filepath.Join(built, "fn.so"), old.Add(time.Minute))
+			h := filepath.Join(inc, "z.h") // walked last: the count is past the limit by then
+			writeAt(t, h, old)
+			if p := staleSources(dir, m, built); p != "" {
+				t.Fatalf("before any change: stale by %s", p)
+			}
+			writeAt(t, h, old.Add(2*time.Minute))
+			want := ""
+			if tt.watch {
+				want = h
+			}
+			if p := staleSources(dir, m, built); p != want {
+				t.Fatalf("%s changed: stale by %q, want %q", h, p, want)
+			}
+		})
+	}
+}
+
+// writeAt writes an empty file at p dated at.
+func writeAt(t *testing.T, p string, at time.Time) {
+	t.Helper()
+	if err := os.WriteFile(p, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(p, at, at); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Which -I directories the walk starts at: relative ones from the source
+// directory, links resolved; not one that is not there, nor the system's.
+func TestIncludeFlagRoots(t *testing.T) {
+	dir, ext := t.TempDir(), t.TempDir()
+	for _, d := range []string{"inc", "real"} {
+		os.Mkdir(filepath.Join(dir, d), 0o755)
+	}
+	os.Symlink(filepath.Join(dir, "real"), filepath.Join(dir, "link"))
+	os.Symlink("/usr/include", filepath.Join(ext, "sys"))
+	for _, tt := range []struct {
+		flags []string
+		want  []string
+	}{
+		{[]string{"-Iinc", "-I", ext, "-DX=1"}, []string{filepath.Join(dir, "inc"), ext}},
+		{[]string{"-Ilink"}, []string{filepath.Join(dir, "real")}},
+		{[]string{"-Iabsent", "-I" + filepath.Join(ext, "absent")}, nil},
+		{[]string{"-I/usr/include", "-I/", "-I" + filepath.Join(ext, "sys")}, nil},
+	} {
+		if got := includeFlagRoots(dir, tt.flags); !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("includeFlagRoots(%q) = %q, want %q", tt.flags, got, tt.want)
+		}
+	}
+}
+
+// The directories compilers and toolkits keep headers in, and those below.
+func TestIsSystemDir(t *testing.T) {
+	for _, tt := range []struct {
+		dir  string
+		want bool
+	}{
+		{"/", true},
+		{"/usr/include", true},
+		{"/usr/include/x86_64-linux-gnu", true},
+		{"/usr/local/include", true},
+		{"/usr/lib/gcc/x86_64-linux-gnu/12/include", true},
+		{"/usr/local/cuda/include", true},
+		{"/usr/local/cuda-12.4/targets/x86_64-linux/include", true},
+		{"/opt/cuda/include", true},
+		{"/opt/nvidia/hpc_sdk/Linux_x86_64/24.1/cuda/include", true},
+		{"/usr/src/app/include", false}, // a container's WORKDIR
+		{"/opt/app/common", false},
+		{"/home/me/fn/common", false},
+	} {
+		if got := isSystemDir(tt.dir); got != tt.want {
+			t.Errorf("isSystemDir(%s) = %v, want %v", tt.dir, got, tt.want)
+		}
 	}
 }
