@@ -2,7 +2,6 @@ package cli
 
 import (
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -123,12 +122,7 @@ func headerFixture(t *testing.T, header, include string, cxxflags []string) stri
 	if _, stderr, err := runCommand(buildCmd(), src); err != nil {
 		t.Fatalf("build: %v\n%s", err, stderr)
 	}
-	past := time.Now().Add(-time.Hour)
-	for _, root := range []string{src, filepath.Dir(h)} {
-		filepath.WalkDir(root, func(p string, _ fs.DirEntry, _ error) error { return os.Chtimes(p, past, past) })
-	}
-	lib := filepath.Join(src, BuildDir, "host", "hdr.so")
-	os.Chtimes(lib, past, past.Add(time.Minute))
+	backdate(t, filepath.Join(src, BuildDir, "host", "hdr.so"), src, filepath.Dir(h))
 	return src
 }
 

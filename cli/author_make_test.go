@@ -22,9 +22,7 @@ import (
 // include/ is a prerequisite. The host build of the first is then fresh
 // to plover run too, which reads make's list.
 func TestMakefileRebuildsWhenAHeaderChanged(t *testing.T) {
-	if _, err := exec.LookPath("make"); err != nil {
-		t.Skip("make not found: the generated Makefile is not checked here")
-	}
+	needMake(t)
 	for _, tt := range []struct {
 		name, target string
 		header       string // its path from the source directory
@@ -54,7 +52,7 @@ func TestMakefileRebuildsWhenAHeaderChanged(t *testing.T) {
 			lib := filepath.Join(built, m.Library)
 			runMake(t, src, args...)
 			for _, c := range changed {
-				at := backdate(t, src, lib)
+				at := backdate(t, lib, src)
 				if !makeUpToDate(t, src, args...) {
 					t.Fatal("make would rebuild before any change")
 				}
@@ -111,6 +109,14 @@ func makeArgs(t *testing.T, target string) []string {
 	return []string{target}
 }
 
+// needMake skips t unless make is here.
+func needMake(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make not found: the generated Makefile is not checked here")
+	}
+}
+
 // runMake runs make with args in dir and fails t when it fails.
 func runMake(t *testing.T, dir string, args ...string) {
 	t.Helper()
@@ -136,13 +142,15 @@ func makeUpToDate(t *testing.T, dir string, args ...string) bool {
 	return true
 }
 
-// backdate dates every file under dir an hour ago and lib a minute after,
-// so that a file written next is newer than lib without waiting for the
-// clock. It returns lib's new time.
-func backdate(t *testing.T, dir, lib string) time.Time {
+// backdate dates every file under dirs an hour ago and the library lib a
+// minute after, so that a file written next is newer than lib without
+// waiting for the clock. It returns lib's new time.
+func backdate(t *testing.T, lib string, dirs ...string) time.Time {
 	t.Helper()
 	past := time.Now().Add(-time.Hour)
-	filepath.WalkDir(dir, func(p string, _ fs.DirEntry, _ error) error { return os.Chtimes(p, past, past) })
+	for _, dir := range dirs {
+		filepath.WalkDir(dir, func(p string, _ fs.DirEntry, _ error) error { return os.Chtimes(p, past, past) })
+	}
 	if err := os.Chtimes(lib, past, past.Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
@@ -163,9 +171,7 @@ func readText(t *testing.T, path string) string {
 // the header and its #include were deleted stopped at "No rule to make
 // target".
 func TestMakeAfterPloverBuildOfADeletedHeader(t *testing.T) {
-	if _, err := exec.LookPath("make"); err != nil {
-		t.Skip("make not found: the generated Makefile is not checked here")
-	}
+	needMake(t)
 	compilerFor(t, abi.TargetHost)
 	src := headerFixture(t, "offset.h", "offset.h", nil)
 	cu := filepath.Join(src, "hdr.cu")

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"io/fs"
 	"math"
 	"os"
 	"os/exec"
@@ -459,17 +458,10 @@ func TestBuildAndRun(t *testing.T) {
 // the same resolveBundle) of it after an edit rebuilds, never running the
 // old bytes.
 func TestMakefileBundleRebuiltWhenStale(t *testing.T) {
-	for _, tool := range []string{"make", "g++"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not found: the Makefile's bundle is not built here", tool)
-		}
-	}
+	needMake(t)
+	compilerFor(t, abi.TargetHost)
 	dir := initDir(t, "mk")
-	mk := exec.Command("make", "host")
-	mk.Dir = dir
-	if out, err := mk.CombinedOutput(); err != nil {
-		t.Fatalf("make host: %v\n%s", err, out)
-	}
+	runMake(t, dir, "host")
 	built := filepath.Join(dir, "build", "host")
 	in := float32sLE(1, 2, 3, 4)
 	inPath := filepath.Join(t.TempDir(), "in.bin")
@@ -552,14 +544,12 @@ func TestStaleSourcesDefaultInclude(t *testing.T) {
 	os.MkdirAll(built, 0o755)
 	lib := filepath.Join(built, m.Library)
 	os.WriteFile(lib, nil, 0o644)
-	past := time.Now().Add(-time.Hour)
-	filepath.WalkDir(src, func(p string, _ fs.DirEntry, _ error) error { return os.Chtimes(p, past, past) })
-	os.Chtimes(lib, past, past.Add(time.Minute))
+	at := backdate(t, lib, src)
 	if got := staleSources(src, m, built); got != "" {
 		t.Fatalf("fresh build reported stale by %s", got)
 	}
 	h := filepath.Join(src, "include", "plover.h")
-	os.Chtimes(h, past, past.Add(2*time.Minute))
+	os.Chtimes(h, at, at.Add(time.Minute))
 	if got := staleSources(src, m, built); got != h {
 		t.Fatalf("stale by %q, want the edited header %s", got, h)
 	}
