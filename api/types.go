@@ -76,6 +76,12 @@ type FunctionInfo struct {
 	// Workers are the processes the current version runs in (with
 	// --isolation process): one per device it is loaded on.
 	Workers []WorkerInfo `json:"workers,omitempty"`
+	// WarmRefused says why this node does not keep the current version's
+	// min_instances warm and will not try again: a refusal no retry mends
+	// (its bundle or library refused, its bundle alone past the node's
+	// --cache-limit, no device here of its target or large enough for
+	// it). A new version is tried afresh. Absent otherwise.
+	WarmRefused string `json:"warm_refused,omitempty"`
 	// Unchanged: a deploy found the bundle equal to the current version
 	// and created none.
 	Unchanged bool `json:"unchanged,omitempty"`

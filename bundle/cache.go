@@ -150,6 +150,12 @@ func (c *Cache) Dir() string { return c.dir }
 // limit must be able to fetch.
 func (c *Cache) MaxObject() int64 { return c.maxUnpacked }
 
+// Limit is the most bytes of unpacked bundles the cache keeps in use
+// beside each other (plover serve --cache-limit; 0: no limit). A bundle
+// larger than it alone is never reserved (Reserve), whatever unloads:
+// a pre-warm of it need not be tried again.
+func (c *Cache) Limit() int64 { return c.maxBytes }
+
 // CacheStats describes the cache for metrics and tests.
 type CacheStats struct {
 	Bundles int

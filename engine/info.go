@@ -31,6 +31,11 @@ func (c *Control) info(f *function, rv api.Version, versions int) api.FunctionIn
 	}
 	fi.DeviceSeconds, fi.DeviceFraction = e.deviceTime(f.name)
 	fi.IOSeconds = e.ioSeconds(f.name)
+	if v != nil && v.rec.ID == rv.ID {
+		if rf := v.warmRefusal(); rf != nil {
+			fi.WarmRefused = rf.Msg // the client's text: no paths of the node
+		}
+	}
 	var cur []*version
 	if v != nil && v.rec.ID == rv.ID && v.loaded.Load() {
 		fi.Loaded, fi.Manifest = true, v.manifest

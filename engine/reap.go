@@ -118,9 +118,13 @@ func (e *Engine) topUpNow(f *function, v *version) (err error) {
 // left it cold until its first request: warmTaken then makes them all.
 // Not before a warm was tried: a deploy's or a poll's warm of it is under
 // way or to come, and a top-up beside it would take the warm over (one at
-// a time), the deploy answering before its instances are made.
+// a time), the deploy answering before its instances are made. None
+// after one was refused for good (warmRefusal): every try would meet the
+// refusal again, and say so in the log, for as long as v was current.
 func (e *Engine) keepWarm(v *version) int {
 	switch {
+	case v.warmRefusal() != nil:
+		return 0
 	case v.loaded.Load():
 		return v.minInstances() // its policy, read once loaded
 	case v.warmFailed.Load() && !v.side.Load() && e.wantsWarm(v.rec):

@@ -41,8 +41,13 @@ type version struct {
 	// warmFailed: the last warm of v failed (warmTaken), so that the
 	// reaper tries again one that failed before v was loaded (topUp).
 	warmFailed atomic.Bool
-	toppedAt   atomic.Int64 // Unix ns of the last top-up's start
-	topFails   atomic.Int32 // top-ups failed in a row
+	// warmRefused: why a warm of v failed in a way no later try mends on
+	// this node (notWarmed), so that the reaper does not try it again
+	// every back-off, warning each time, for good; nil: none known. A
+	// new version is a new *version, and starts without one.
+	warmRefused atomic.Pointer[warmRefusal]
+	toppedAt    atomic.Int64 // Unix ns of the last top-up's start
+	topFails    atomic.Int32 // top-ups failed in a row
 
 	loadState
 	pool pool

@@ -2,12 +2,14 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"github.com/plover-run/plover/abi"
 	"sync"
 	"time"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/errdefs"
 )
 
 // warm loads v and creates instances up to its min_instances.
@@ -132,15 +134,16 @@ func (e *Engine) warmIfWantedAt(ctx context.Context, f *function, id string) {
 // wantsWarm reports whether rv, by its record or the server's default,
 // asks for instances kept warm (a pipeline has none).
 func (e *Engine) wantsWarm(rv api.Version) bool {
-	return !rv.IsPipeline() && (rv.MinInstances > 0 || e.cfg.MinInstances > 0) && e.runsHere(rv)
+	return !rv.IsPipeline() && (rv.MinInstances > 0 || e.cfg.MinInstances > 0) && e.runsHere(rv.Target)
 }
 
-// runsHere says whether this node has a device of rv's target (a record
-// written before versions named theirs: may). A store may be shared by
-// nodes of several kinds: a host-only node pre-warming a CUDA function
-// fetched and held its bundle for good, and its top-ups warned without end.
-func (e *Engine) runsHere(rv api.Version) bool {
-	return rv.Target == "" || abi.RunsOn(rv.Target, e.targets) == nil
+// runsHere says whether this node has a device of target, a version's
+// (empty, from a record written before versions named theirs: may). A
+// store may be shared by nodes of several kinds: a host-only node
+// pre-warming a CUDA function fetched and held its bundle for good, and
+// its top-ups warned without end.
+func (e *Engine) runsHere(target string) bool {
+	return target == "" || abi.RunsOn(target, e.targets) == nil
 }
 
 // warmAside pre-warms version id of f (warmIfWantedAt), which a poll
@@ -254,9 +257,7 @@ func (e *Engine) warmTaken(ctx context.Context, f *function, v *version) error {
 		size := max(v.rec.Size, v.rec.Unpacked)
 		r, ok := e.cfg.Cache.Reserve(v.rec.SHA256, size)
 		if !ok {
-			err := fmt.Errorf("not kept warm: its bundle (%d bytes) and the bundles in use or being warmed would pass this node's --cache-limit; it loads at its first request", size)
-			e.cfg.Log.Warn("cannot make the instances min_instances keeps", "function", f.name, "version", v.rec.ID, "error", err)
-			return err
+			return e.notWarmed(f, v, e.pastCacheLimit(size))
 		}
 		// Released once the load holds the bundle in use, not after the
 		// constructors: counted twice meanwhile, it refused other
@@ -266,10 +267,82 @@ func (e *Engine) warmTaken(ctx context.Context, f *function, v *version) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
-	err := e.warm(ctx, v, release)
-	if err != nil {
-		e.cfg.Log.Warn("cannot make the instances min_instances keeps", "function", f.name, "version", v.rec.ID, "error", err)
+	if err := e.warm(ctx, v, release); err != nil {
+		return e.notWarmed(f, v, err)
 	}
-	warmed = err == nil
+	warmed = true
+	return nil
+}
+
+// pastCacheLimit is why a pre-warm of a bundle of size bytes could not
+// reserve it in the bundle cache: larger than --cache-limit by itself, a
+// refusal of the bundle's size (KindTooLarge, as a deploy past the cache's
+// limit on objects is) that no unload mends; else crowded out by the
+// bundles in use or being warmed, which may unload.
+func (e *Engine) pastCacheLimit(size int64) error {
+	if limit := e.cfg.Cache.Limit(); limit > 0 && size > limit {
+		return errorf(errdefs.KindTooLarge, nil, "not kept warm: its bundle (%d bytes) is larger than this node's --cache-limit (%d bytes) by itself; it loads at its first request", size, limit)
+	}
+	return fmt.Errorf("not kept warm: its bundle (%d bytes) and the bundles in use or being warmed would pass this node's --cache-limit; it loads at its first request", size)
+}
+
+// warmRefusal is a warm's failure that no later try of the version
+// mends on this node (lastingRefusal).
+type warmRefusal struct {
+	err *errdefs.Error
+	// cold: it holds only while the version is not loaded (its bundle
+	// alone past --cache-limit, a bound only pre-warms keep to): once a
+	// request loaded it anyway, it is kept at its min_instances as any
+	// loaded version is, as it was before this refusal was kept.
+	cold bool
+}
+
+// warmRefusal is why v is not to be warmed again on this node, where
+// that still holds; nil where a try may yet succeed.
+func (v *version) warmRefusal() *errdefs.Error {
+	r := v.warmRefused.Load()
+	if r == nil || r.cold && v.loaded.Load() {
+		return nil
+	}
+	return r.err
+}
+
+// notWarmed logs err, why a warm of v made none or not all of the
+// instances min_instances keeps, and returns it. One that no later try
+// mends (lastingRefusal) is kept as v's (warmRefused): the reaper tries
+// v no more, which otherwise it did every back-off, to about 10 minutes,
+// warning each time, for as long as v was current; the log says so at
+// the one try, and the function's listing goes on saying why.
+func (e *Engine) notWarmed(f *function, v *version, err error) error {
+	if rf := e.lastingRefusal(v, err); rf != nil {
+		v.warmRefused.Store(&warmRefusal{err: rf, cold: rf.Kind == errdefs.KindTooLarge})
+		e.cfg.Log.Warn("cannot make the instances min_instances keeps, and will not try this version again: a new version is tried afresh", "function", f.name, "version", v.rec.ID, "error", rf)
+		return err
+	}
+	e.cfg.Log.Warn("cannot make the instances min_instances keeps", "function", f.name, "version", v.rec.ID, "error", err)
 	return err
+}
+
+// lastingRefusal is err, a failed warm of v, where every later warm of v
+// on this node would fail so too; nil where a try may succeed (the store
+// unreachable, a deadline, a device without room now, a constructor that
+// failed, which the crashes' back-off paces). Lasting: v's bundle or
+// library refused, as its requests are (refused: an unknown manifest
+// field too, which only another node or a newer server runs); a refusal
+// of the bundle's own (KindInvalid: no device here large enough for it;
+// KindTooLarge: past --cache-limit by itself); or v built for no device
+// of this node, which a record older than the targets records keep could
+// not tell before its load (wantsWarm).
+func (e *Engine) lastingRefusal(v *version, err error) *errdefs.Error {
+	if rf := v.refused.Load(); rf != nil {
+		return rf
+	}
+	var ee *errdefs.Error
+	if !errors.As(err, &ee) {
+		ee = errorf(errdefs.KindInternal, err, "%s", err.Error())
+	}
+	if ee.Kind == errdefs.KindInvalid || ee.Kind == errdefs.KindTooLarge || v.loaded.Load() && !e.runsHere(v.manifest.Target) {
+		return ee
+	}
+	return nil
 }
