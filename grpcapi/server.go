@@ -729,19 +729,17 @@ func (s *Server) runLaid(ctx context.Context, req *pb.ModelInferRequest, pin pip
 }
 
 // answer is the response to req, whose function ran: its outputs cut from
-// r.Output, typed when the inputs were and the answer fits.
+// r.Output, typed when the inputs were and the typed answer fits the
+// message limit and maxTypedAnswer (else raw: outputs decides before
+// building it, as typed contents can be ten times the raw bytes, a
+// negative int32 a 10-byte varint).
 func (s *Server) answer(req *pb.ModelInferRequest, r *call.Request, decl []abi.Tensor, pick []int, typed bool) (*pb.ModelInferResponse, error) {
-	resp, err := outputs(req, r, decl, pick, typed)
-	if err == nil && typed && proto.Size(resp) > s.opts.MaxMessageBytes {
-		// Typed contents can be ten times the raw bytes (a negative
-		// int32 is a 10-byte varint): what does not fit goes raw.
-		resp, err = outputs(req, r, decl, pick, false)
-		typed = false
-	}
+	resp, err := outputs(req, r, decl, pick, typed, min(s.opts.MaxMessageBytes, maxTypedAnswer))
 	// Raw, a response is its output's bytes and a little framing: sized
 	// only when those bytes come near the limit, which gRPC would
-	// otherwise enforce with a message that names neither.
-	if err == nil && !typed && 2*len(r.Output) > s.opts.MaxMessageBytes {
+	// otherwise enforce with a message that names neither. (A typed one
+	// fits: outputs sized it.)
+	if err == nil && 2*len(r.Output) > s.opts.MaxMessageBytes {
 		if n := proto.Size(resp); n > s.opts.MaxMessageBytes {
 			return nil, &apierr.Error{Status: apierr.BadOutput, Msg: fmt.Sprintf(
 				"model %s: its response of %d bytes is over the gRPC message limit of %d bytes (plover serve --max-body)", req.GetModelName(), n, s.opts.MaxMessageBytes)}

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"math"
 
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/call"
@@ -223,74 +226,161 @@ func appendInt(b []byte, v uint64, size int64) []byte {
 	return b
 }
 
+// maxTypedAnswer bounds a typed answer on the wire, as maxJSONOutput
+// (httpapi) bounds the outputs /v2 writes as JSON numbers: a typed answer
+// is built whole in memory twice, as Go slices (an INT8 element widens to
+// an int32, 4 bytes) and then as the message, in which an element takes up
+// to 10 bytes (a negative int32 is a 10-byte varint), for a request of a
+// few bytes and in no budget. Past it the answer goes raw, as one over the
+// message limit does: every client of the protocol reads raw outputs, and
+// typed contents are for answers small enough to spell out a number at a
+// time.
+const maxTypedAnswer = 16 << 20
+
 // outputs cuts the function's output into its declared outputs and
 // answers the picked ones: raw_output_contents, or typed contents when the
-// inputs came typed and every answered datatype has a typed field (the
-// protocol allows one way for all outputs of a response).
-func outputs(req *pb.ModelInferRequest, r *call.Request, decl []abi.Tensor, pick []int, typed bool) (*pb.ModelInferResponse, error) {
+// inputs came typed, every answered datatype has a typed field (the
+// protocol allows one way for all outputs of a response) and the typed
+// message would take at most limit bytes. That is decided from the
+// output's bytes before any typed field is built, so an answer that goes
+// raw costs no more than a raw one.
+func outputs(req *pb.ModelInferRequest, r *call.Request, decl []abi.Tensor, pick []int, typed bool, limit int) (*pb.ModelInferResponse, error) {
 	cuts, _, err := oip.CutOutputs(r.Output, decl, nil, nil)
 	if err != nil {
 		return nil, &apierr.Error{Status: apierr.BadOutput, Msg: err.Error()}
 	}
 	answer := oip.Picked(nil, cuts, pick)
-	for _, c := range answer {
-		if c.Decl.Datatype == "FP16" {
-			typed = false
-		}
-	}
 	resp := &pb.ModelInferResponse{ModelName: req.GetModelName(), ModelVersion: r.Version, Id: req.GetId(),
 		Outputs: make([]*pb.ModelInferResponse_InferOutputTensor, len(answer))}
-	if !typed {
-		resp.RawOutputContents = make([][]byte, len(answer))
-	}
 	for j := range answer {
 		c := &answer[j]
-		o := &pb.ModelInferResponse_InferOutputTensor{Name: c.Decl.Name, Datatype: c.Decl.Datatype, Shape: c.Shape}
-		if typed {
-			o.Contents = typedContents(c.Decl.Datatype, c.Bytes)
-		} else {
-			// r.Output is this request's own buffer: the message may
-			// hold it as it is.
-			resp.RawOutputContents[j] = c.Bytes
+		resp.Outputs[j] = &pb.ModelInferResponse_InferOutputTensor{Name: c.Decl.Name, Datatype: c.Decl.Datatype, Shape: c.Shape}
+	}
+	if typed && typedSize(resp, answer, limit) <= limit {
+		for j := range answer {
+			resp.Outputs[j].Contents = typedContents(answer[j].Decl.Datatype, answer[j].Bytes)
 		}
-		resp.Outputs[j] = o
+		return resp, nil
+	}
+	// r.Output is this request's own buffer: the message may hold it as
+	// it is.
+	resp.RawOutputContents = make([][]byte, len(answer))
+	for j := range answer {
+		resp.RawOutputContents[j] = answer[j].Bytes
 	}
 	return resp, nil
 }
 
-// typedContents decodes little-endian elements of dt into the protocol's
-// typed field for dt (not FP16, which has none).
-func typedContents(dt string, b []byte) *pb.InferTensorContents {
-	es := int(abi.DatatypeSize[dt])
-	n := len(b) / es
-	c := &pb.InferTensorContents{}
-	le := binary.LittleEndian
-	for i := 0; i < n; i++ {
-		e := b[i*es : (i+1)*es]
-		switch dt {
-		case "BOOL":
-			c.BoolContents = append(c.BoolContents, e[0] != 0)
-		case "INT8":
-			c.IntContents = append(c.IntContents, int32(int8(e[0])))
-		case "INT16":
-			c.IntContents = append(c.IntContents, int32(int16(le.Uint16(e))))
-		case "INT32":
-			c.IntContents = append(c.IntContents, int32(le.Uint32(e)))
-		case "INT64":
-			c.Int64Contents = append(c.Int64Contents, int64(le.Uint64(e)))
-		case "UINT8":
-			c.UintContents = append(c.UintContents, uint32(e[0]))
-		case "UINT16":
-			c.UintContents = append(c.UintContents, uint32(le.Uint16(e)))
-		case "UINT32":
-			c.UintContents = append(c.UintContents, le.Uint32(e))
-		case "UINT64":
-			c.Uint64Contents = append(c.Uint64Contents, le.Uint64(e))
-		case "FP32":
-			c.Fp32Contents = append(c.Fp32Contents, math.Float32frombits(le.Uint32(e)))
-		case "FP64":
-			c.Fp64Contents = append(c.Fp64Contents, math.Float64frombits(le.Uint64(e)))
+// The field numbers whose tags typedSize counts: InferOutputTensor's
+// contents, and the last of InferTensorContents' typed fields
+// (fp64_contents), whose tag is as long as any of theirs.
+const (
+	contentsField  protowire.Number = 5
+	lastTypedField protowire.Number = 7
+)
+
+// typedSize is the bytes resp, which holds no contents yet, takes on the
+// wire once each output j holds answer[j] as typed contents, as
+// proto.Size would count them built; past limit it may stop counting at
+// any value over limit. An output of a datatype without a typed field
+// (FP16) makes it over limit.
+func typedSize(resp *pb.ModelInferResponse, answer []oip.Cut, limit int) int {
+	size := proto.Size(resp)
+	for j, o := range resp.Outputs {
+		c := &answer[j]
+		if c.Decl.Datatype == "FP16" {
+			return limit + 1
+		}
+		payload := typedPayload(c.Decl.Datatype, c.Bytes, limit)
+		contents := 0 // an empty packed field is not written
+		if len(c.Bytes) > 0 {
+			contents = protowire.SizeTag(lastTypedField) + protowire.SizeBytes(payload)
+		}
+		// The output grows by its contents field, and its own length
+		// prefix in resp with it.
+		before := proto.Size(o)
+		after := before + protowire.SizeTag(contentsField) + protowire.SizeBytes(contents)
+		if size += protowire.SizeBytes(after) - protowire.SizeBytes(before); size > limit {
+			return size
 		}
 	}
+	return size
+}
+
+// typedPayload is the bytes of b's elements of dt packed in their typed
+// field, or any count over limit once it passes it: every element takes a
+// byte at least, so an output of more elements than limit is not read.
+func typedPayload(dt string, b []byte, limit int) int {
+	switch dt {
+	case "BOOL", "FP32", "FP64": // one-byte varints, fixed32s, fixed64s: their bytes
+		return len(b)
+	}
+	es := int(abi.DatatypeSize[dt])
+	if len(b)/es > limit {
+		return len(b) / es
+	}
+	word := wordOf(dt)
+	n := 0
+	for i := 0; i+es <= len(b) && n <= limit; i += es {
+		n += protowire.SizeVarint(word(b[i:]))
+	}
+	return n
+}
+
+// wordOf decodes a little-endian element of dt into 64 bits: an integer
+// sign- or zero-extended, as protobuf writes it as a varint (a negative
+// int32 in 10 bytes), a float's bits, a bool's byte.
+func wordOf(dt string) func([]byte) uint64 {
+	le := binary.LittleEndian
+	switch dt {
+	case "INT8":
+		return func(e []byte) uint64 { return uint64(int8(e[0])) }
+	case "INT16":
+		return func(e []byte) uint64 { return uint64(int16(le.Uint16(e))) }
+	case "INT32":
+		return func(e []byte) uint64 { return uint64(int32(le.Uint32(e))) }
+	case "UINT16":
+		return func(e []byte) uint64 { return uint64(le.Uint16(e)) }
+	case "UINT32", "FP32":
+		return func(e []byte) uint64 { return uint64(le.Uint32(e)) }
+	case "INT64", "UINT64", "FP64":
+		return le.Uint64
+	default: // BOOL, UINT8
+		return func(e []byte) uint64 { return uint64(e[0]) }
+	}
+}
+
+// typedContents decodes little-endian elements of dt into the protocol's
+// typed field for dt (not FP16, which has none), its slice made at its
+// length: appended one at a time, a slice's growth allocated several
+// times what it came to.
+func typedContents(dt string, b []byte) *pb.InferTensorContents {
+	es, word := int(abi.DatatypeSize[dt]), wordOf(dt)
+	c := &pb.InferTensorContents{}
+	switch dt {
+	case "BOOL":
+		c.BoolContents = decodeAll(b, es, word, func(w uint64) bool { return w != 0 })
+	case "INT8", "INT16", "INT32":
+		c.IntContents = decodeAll(b, es, word, func(w uint64) int32 { return int32(w) })
+	case "INT64":
+		c.Int64Contents = decodeAll(b, es, word, func(w uint64) int64 { return int64(w) })
+	case "UINT8", "UINT16", "UINT32":
+		c.UintContents = decodeAll(b, es, word, func(w uint64) uint32 { return uint32(w) })
+	case "UINT64":
+		c.Uint64Contents = decodeAll(b, es, word, func(w uint64) uint64 { return w })
+	case "FP32":
+		c.Fp32Contents = decodeAll(b, es, word, func(w uint64) float32 { return math.Float32frombits(uint32(w)) })
+	case "FP64":
+		c.Fp64Contents = decodeAll(b, es, word, math.Float64frombits)
+	}
 	return c
+}
+
+// decodeAll is b's elements of es bytes each, word's 64 bits as T.
+func decodeAll[T any](b []byte, es int, word func([]byte) uint64, as func(uint64) T) []T {
+	out := make([]T, len(b)/es)
+	for i := range out {
+		out[i] = as(word(b[i*es:]))
+	}
+	return out
 }
