@@ -29,7 +29,12 @@ func replaceSection(doc, key, body string) string {
 	block := begin + "\n" + strings.TrimSpace(body) + "\n" + end
 	if i := strings.Index(doc, begin); i >= 0 {
 		if j := strings.Index(doc[i:], end); j >= 0 {
-			return doc[:i] + block + doc[i+j+len(end):]
+			kept := foreignSections(doc[i+len(begin):i+j], body)
+			if kept != "" {
+				logf("warning: %s held sections the suite did not write (headings not in its own): kept, moved above the marker", begin)
+				kept += "\n\n"
+			}
+			return doc[:i] + kept + block + doc[i+j+len(end):]
 		}
 		logf("warning: %s has no %s after it: the new section replaces the begin marker, and the old section's text after it is left for you to remove", begin, end)
 		return doc[:i] + block + doc[i+len(begin):]
@@ -43,6 +48,35 @@ func replaceSection(doc, key, body string) string {
 		doc = strings.TrimRight(doc, "\n") + "\n\n"
 	}
 	return doc + block + "\n"
+}
+
+// foreignSections is what of old, the text between a section's markers,
+// the suite did not write: each part from a "## " heading that body, the
+// new section, does not have, to the next heading it has. A hand-written
+// section put inside the markers (the GPU's fifth run, above the batch
+// section's heading, 2026-12-04) was deleted by the next run. A heading
+// the suite renamed reads as another's: kept, and the warning says so.
+func foreignSections(old, body string) string {
+	own := map[string]bool{}
+	for _, l := range strings.Split(body, "\n") {
+		if strings.HasPrefix(l, "## ") {
+			own[strings.TrimSpace(l)] = true
+		}
+	}
+	if len(own) == 0 { // a body of no heading: nothing to tell parts by
+		return ""
+	}
+	var kept []string
+	keep := false
+	for _, l := range strings.Split(old, "\n") {
+		if strings.HasPrefix(l, "## ") {
+			keep = !own[strings.TrimSpace(l)]
+		}
+		if keep {
+			kept = append(kept, l)
+		}
+	}
+	return strings.TrimSpace(strings.Join(kept, "\n"))
 }
 
 func renderSection(o *options, r *results) string {

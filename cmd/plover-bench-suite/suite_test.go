@@ -47,6 +47,13 @@ func TestReplaceSection(t *testing.T) {
 	if got := replaceSection("", "host", "x"); got != "<!-- bench:host:begin -->\nx\n<!-- bench:host:end -->\n" {
 		t.Fatalf("empty doc: %q", got)
 	}
+	// A hand-written section put inside the markers is kept, above them:
+	// the batch run deleted the GPU's fifth run so.
+	in := "# B\n\n<!-- bench:batch-host:begin -->\n## GPU, fifth run\n\nhand\n\n## Batching (host)\n\nold figures\n<!-- bench:batch-host:end -->\n\nafter\n"
+	got := replaceSection(in, "batch-host", "## Batching (host)\n\nnew figures\n")
+	if want := "# B\n\n## GPU, fifth run\n\nhand\n\n<!-- bench:batch-host:begin -->\n## Batching (host)\n\nnew figures\n<!-- bench:batch-host:end -->\n\nafter\n"; got != want {
+		t.Fatalf("a hand-written section inside the markers:\n%s\nwant\n%s", got, want)
+	}
 }
 
 // A section whose end marker was lost (an edit outside the markers that
