@@ -49,9 +49,9 @@ type Manifest struct {
 	// Pool policy; zero values take the server's defaults.
 	// MinInstances are created at deploy and at server start and never
 	// released for idleness; MaxInstances caps concurrency on a node;
-	// MaxQueue bounds the requests waiting for an instance; IdleTTL (a Go
-	// duration, "30s") releases an idle instance, and unloads the function
-	// once it has none left.
+	// MaxQueue bounds the requests waiting for an instance; IdleTTL (a
+	// positive Go duration, "30s") releases an idle instance, and unloads
+	// the function once it has none left.
 	MinInstances int    `json:"min_instances,omitempty"`
 	MaxInstances int    `json:"max_instances,omitempty"`
 	MaxQueue     int    `json:"max_queue,omitempty"`
@@ -361,8 +361,8 @@ func jsonWant(t reflect.Type) string {
 // plover deploy and pack, a model repository's folder). Unknown fields are
 // errors: a misspelt "zero_tmp" must not silently become false; so are a
 // field given twice and one spelt in another case, which encoding/json
-// would take, a duration longer than MaxDurationLen, and more than
-// MaxTensors tensors a side.
+// would take, a duration longer than MaxDurationLen, an idle_ttl of 0,
+// and more than MaxTensors tensors a side.
 func ParseManifest(r io.Reader) (*Manifest, error) { return parseManifest(r, true) }
 
 // ParseStoredManifest decodes and validates the manifest of a bundle
@@ -429,7 +429,25 @@ func parseManifest(r io.Reader, admit bool) (*Manifest, error) {
 	if err := m.validate(func(field string) bool { return missing[field] }); err != nil {
 		return nil, err
 	}
+	if admit {
+		if fe := m.idleTTLAdmitted(); fe != nil {
+			return nil, fe
+		}
+	}
 	return &m, nil
+}
+
+// idleTTLAdmitted refuses an idle_ttl of 0 at deploy. The reaper read 0 as
+// "never release", so every instance a burst made stayed, and the function
+// stayed loaded, where the docs (and the field's name) say an instance
+// idle that long is released; "keep it warm" is min_instances' to say.
+// Deploy alone: a version stored with 0 before this rule still loads, its
+// 0 read as the server's --idle-ttl (engine's policyFor says so in the log).
+func (m *Manifest) idleTTLAdmitted() *FieldError {
+	if d, ok := m.IdleTTLDuration(); ok && d == 0 {
+		return &FieldError{"idle_ttl", fmt.Sprintf("%q would release no idle instance ever: want a positive Go duration such as \"30s\" or \"5m\" (a function that must stay warm sets min_instances)", m.IdleTTL)}
+	}
+	return nil
 }
 
 // requiredKeys are the fields a function's manifest must have (those
@@ -548,8 +566,10 @@ func (m *Manifest) validate(missing func(field string) bool) error {
 		return &FieldError{"max_host_memory_mb", fmt.Sprintf("%d must be in 0..%d", m.MaxHostMemoryMB, 1<<24)}
 	}
 	if m.IdleTTL != "" {
+		// 0 passes here for a version stored before deploys refused it
+		// (idleTTLAdmitted); none was ever stored negative.
 		if d, err := time.ParseDuration(m.IdleTTL); err != nil || d < 0 {
-			return &FieldError{"idle_ttl", fmt.Sprintf("%q must be a non-negative Go duration such as \"30s\" or \"5m\"", m.IdleTTL)}
+			return &FieldError{"idle_ttl", fmt.Sprintf("%q must be a positive Go duration such as \"30s\" or \"5m\"", m.IdleTTL)}
 		}
 	}
 	if err := m.Build.validate(); err != nil {

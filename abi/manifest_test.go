@@ -58,6 +58,9 @@ func TestParseManifest(t *testing.T) {
 		{"string for a number", `"zero_tmp":false`, `"zero_tmp":false,"max_queue":"64"`, "max_queue"},
 		{"number for a bool", `"zero_tmp":false`, `"zero_tmp":1`, "zero_tmp"},
 		{"bad idle_ttl", `"zero_tmp":false`, `"zero_tmp":false,"idle_ttl":"soon"`, "idle_ttl"},
+		{"negative idle_ttl", `"zero_tmp":false`, `"zero_tmp":false,"idle_ttl":"-1s"`, "idle_ttl"},
+		{"zero idle_ttl", `"zero_tmp":false`, `"zero_tmp":false,"idle_ttl":"0s"`, "idle_ttl"},
+		{"positive idle_ttl", `"zero_tmp":false`, `"zero_tmp":false,"idle_ttl":"1ns"`, ""},
 		{"unknown field", `"zero_tmp":false`, `"zero_tmpp":false`, "zero_tmpp"},
 		{"batch valid", `"abi":1,`, `"abi":2,"batch":{"max_items":4,"max_delay":"200us","item_input_bytes":1000000,"item_output_bytes":1000000},`, ""},
 		{"batch on abi 1", `"zero_tmp":false`, `"zero_tmp":false,"batch":{"max_items":4,"item_input_bytes":1000000,"item_output_bytes":1000000}`, "batch"},
@@ -402,6 +405,11 @@ func TestStoredManifestsKeepOlderRules(t *testing.T) {
 		{`{` + fn + `,"Zero_Out":false}`, `Zero_Out: no such field (did you mean "zero_out"?`},
 		{`{` + fn + `,"zero_out":true,"zero_out":false}`, `zero_out: given twice`},
 		{`{` + fn + `,"idle_ttl":"` + long + `"}`, `idle_ttl: is 44 bytes long, at most 32`},
+		// 0 read as "never release" until deploys refused it; stored, it
+		// loads, and the engine reads it as the server's --idle-ttl.
+		{`{` + fn + `,"idle_ttl":"0s"}`, `idle_ttl: "0s" would release no idle instance ever: want a positive Go duration such as "30s" or "5m" (a function that must stay warm sets min_instances)`},
+		{`{` + fn + `,"idle_ttl":"0"}`, `idle_ttl: "0" would release no idle instance ever`},
+		{`{` + fn + `,"min_instances":1,"idle_ttl":"-0ms"}`, `idle_ttl: "-0ms" would release no idle instance ever`},
 		{`{` + fn + `}}`, `plover.json: trailing data after the JSON object at line 1`}, // its required keys read from the object alone
 		{`{"name":"f","abi":2,"target":"host","library":"f.so","max_input_bytes":16,"out_bytes":16,"chain":[{"kernel":"k","grid":1,"block":1}],` +
 			`"batch":{"max_items":2,"max_delay":"` + long + `","item_input_bytes":8,"item_output_bytes":8}}`, `batch.max_delay: is 44 bytes long, at most 32`},

@@ -145,7 +145,7 @@ func TestTopUpBesideASlowPrewarmMakesNoSecond(t *testing.T) {
 	e := testkit.Engine(t, engine.Config{})
 	m := &abi.Manifest{Name: "h", ABI: abi.Major, Target: abi.TargetHost, Library: "hooks.so",
 		MaxInputBytes: 1 << 10, OutBytes: 256, Chain: []abi.Launch{{Kernel: "report", Grid: 1, Block: 1}},
-		MinInstances: 1, IdleTTL: "0s"}
+		MinInstances: 1, IdleTTL: "1h"}
 	dir := t.TempDir()
 	testkit.BuildLib(t, testkit.HooksSource(), dir, m.Library, "-DSLOW_INIT_MS=600")
 	testkit.WriteManifest(t, dir, m)

@@ -9,7 +9,7 @@ import (
 // policy is a version's pool policy: its manifest over the server defaults.
 type policy struct {
 	min, max, queue int
-	idleTTL         time.Duration // <= 0: never release for idleness
+	idleTTL         time.Duration // < 0 (the server's --idle-ttl alone): never release for idleness
 }
 
 // sideTTL is the idle_ttl of a version pipelines pinned that is not
@@ -45,8 +45,15 @@ func (e *Engine) policyFor(m *abi.Manifest) policy {
 	if m.MaxQueue > 0 {
 		p.queue = m.MaxQueue
 	}
-	if d, ok := m.IdleTTLDuration(); ok {
+	switch d, ok := m.IdleTTLDuration(); {
+	case ok && d > 0:
 		p.idleTTL = d
+	case ok:
+		// 0 kept everything for good until deploys refused it (abi's
+		// idleTTLAdmitted): a version stored with it is read as the docs
+		// always said a manifest without one is, and the log says why
+		// its instances now go.
+		e.cfg.Log.Warn("idle_ttl 0 in a manifest stored before deploys refused it: the server's --idle-ttl applies", "function", m.Name, "idle_ttl", p.idleTTL)
 	}
 	if p.min > p.max {
 		p.min = p.max

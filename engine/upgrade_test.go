@@ -5,11 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
@@ -120,5 +122,49 @@ func TestStoredManifestWithAFieldFromANewerServer(t *testing.T) {
 	}
 	if n := store.n.Load(); n != 1 {
 		t.Errorf("fetched %d times for 3 invokes, want 1", n)
+	}
+}
+
+// A version stored with idle_ttl 0, which the reaper read as "never
+// release" until deploys refused it, loads on an upgraded node and takes
+// the server's --idle-ttl, saying so in the log: released after the
+// server's 100 ms, kept where the server's is negative (never). A fresh
+// deploy of its bundle is refused naming the field.
+func TestStoredIdleTTLZeroTakesTheServers(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		serverTTL time.Duration
+		unloaded  bool
+	}{
+		{"the server releases after 100ms", 100 * time.Millisecond, true},
+		{"the server never releases", -1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, err := objectstore.NewFS(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := testkit.Manifest("old")
+			m.IdleTTL = "0s"
+			raw, err := json.Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := storeAsOldServer(t, store, m, string(raw))
+			var logs testkit.LogBuffer
+			e := testkit.Engine(t, engine.Config{Store: store, IdleTTL: tc.serverTTL, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+			invoke(t, e, "old", []byte{1})
+			e.Reap(time.Now().Add(time.Hour))
+			if fi := info(t, e, "old"); fi.Loaded == tc.unloaded {
+				t.Errorf("server --idle-ttl %v, an hour idle: loaded %v, want %v", tc.serverTTL, fi.Loaded, !tc.unloaded)
+			}
+			if want := "idle_ttl 0 in a manifest stored before deploys refused it: the server's --idle-ttl applies"; !strings.Contains(logs.String(), want) {
+				t.Errorf("log does not say %q:\n%s", want, logs.String())
+			}
+			_, err = e.Control().Deploy(context.Background(), "old", bytes.NewReader(b), true)
+			if errdefs.KindOf(err) != errdefs.KindInvalid || !strings.Contains(err.Error(), `idle_ttl: "0s" would release no idle instance ever`) {
+				t.Errorf("a fresh deploy of the stored bundle: %v (kind %v), want 422 naming idle_ttl", err, errdefs.KindOf(err))
+			}
+		})
 	}
 }
