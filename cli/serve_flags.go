@@ -1,7 +1,9 @@
 package cli
 
-// checkServeFlags checks the flags that bound memory, processes and copies,
-// each refusal a usage error naming the flag.
+import "time"
+
+// checkServeFlags checks the flags that bound memory, processes, copies,
+// instances and deadlines, each refusal a usage error naming the flag.
 func checkServeFlags(f *serveFlags, env *Env) error {
 	if err := checkWorkerScope(f); err != nil {
 		return usagef(env, "serve", "%v", err)
@@ -26,6 +28,41 @@ func checkServeFlags(f *serveFlags, env *Env) error {
 	}
 	if k := f.copyPieceKiB; k < 0 || k > 0 && k < minCopyPieceKiB || k > maxCopyPieceKiB {
 		return usagef(env, "serve", "--copy-piece %d: want 0 (whole copies) or %d to %d KiB: smaller pieces cost a driver call each (a 4 MB body in 1 KiB pieces is 4096 calls a way)", k, minCopyPieceKiB, maxCopyPieceKiB)
+	}
+	return checkPoolFlags(f, env)
+}
+
+// checkPoolFlags refuses the pool and deadline flags whose 0 or negative
+// value the engine and the transports would take as their defaults: a
+// zero field is a Go caller's "the default" there, but on the command
+// line it is a mistake that ran as something else (--timeout 0 gave every
+// request 30 s, --max-queue -5 queued 64, --idle-ttl 0 released after 5
+// minutes).
+func checkPoolFlags(f *serveFlags, env *Env) error {
+	for _, c := range []struct {
+		name string
+		v    int
+	}{{"max-instances", f.maxInstances}, {"max-queue", f.maxQueue}} {
+		if c.v < 1 {
+			return usagef(env, "serve", "--%s %d: want 1 or more", c.name, c.v)
+		}
+	}
+	if f.minInstances < 0 {
+		return usagef(env, "serve", "--min-instances %d: want 0 (none kept warm) or more", f.minInstances)
+	}
+	if f.minInstances > f.maxInstances {
+		return usagef(env, "serve", "--min-instances %d is over --max-instances %d: a function keeps no more instances warm than it may have", f.minInstances, f.maxInstances)
+	}
+	for _, c := range []struct {
+		name string
+		v    time.Duration
+	}{{"timeout", f.timeout}, {"max-timeout", f.maxTimeout}, {"read-timeout", f.readTimeout}, {"write-timeout", f.writeTimeout}} {
+		if c.v <= 0 {
+			return usagef(env, "serve", "--%s %v: want a positive duration", c.name, c.v)
+		}
+	}
+	if f.idleTTL == 0 {
+		return usagef(env, "serve", "--idle-ttl 0s: want a positive duration, or a negative one to never release idle instances")
 	}
 	return nil
 }

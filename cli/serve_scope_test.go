@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"path/filepath"
@@ -57,14 +58,58 @@ func TestServeWorkerFlagRefusals(t *testing.T) {
 		{"empty memory groups", []string{"--memory-groups", ""}, `--memory-groups "": want auto, on or off`},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var out, errb bytes.Buffer
-			args := append([]string{"serve", "--data", t.TempDir(), "--listen", "127.0.0.1:0"}, tt.args...)
-			code := Main(args, &Env{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errb})
-			if code != 2 || !strings.Contains(errb.String(), tt.want) {
-				t.Fatalf("exit %d, stderr %q; want exit 2 and %q", code, errb.String(), tt.want)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { serveRefuses(t, tt.args, tt.want) })
+	}
+}
+
+// serveRefuses runs plover serve with args and wants exit 2 and want in
+// its usage error. A --log-format no logger takes is added, so that args
+// the flag checks pass fail at once (exit 1) after them, rather than
+// serving until the test's deadline.
+func serveRefuses(t *testing.T, args []string, want string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	args = append([]string{"serve", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--log-format", "refused-after-the-flag-checks"}, args...)
+	code := Main(args, &Env{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errb})
+	if code != 2 || !strings.Contains(errb.String(), want) {
+		t.Fatalf("exit %d, stderr %q; want exit 2 and %q", code, errb.String(), want)
+	}
+}
+
+// The pool and deadline flags' 0 or negative values, which the engine and
+// the transports took as their defaults (--timeout 0: 30 s, --max-queue
+// -5: 64, --idle-ttl 0: 5 minutes, --read-timeout 0: 60 s), and a
+// --min-instances over --max-instances, which was cut to it, are refused
+// naming the flag; the values that mean something pass.
+func TestServePoolFlagRefusals(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no request deadline", []string{"--timeout", "0"}, "--timeout 0s: want a positive duration"},
+		{"negative request deadline", []string{"--timeout", "-1s"}, "--timeout -1s: want a positive duration"},
+		{"no longest deadline", []string{"--max-timeout", "0"}, "--max-timeout 0s: want a positive duration"},
+		{"no read timeout", []string{"--read-timeout", "0"}, "--read-timeout 0s: want a positive duration"},
+		{"negative write timeout", []string{"--write-timeout", "-1s"}, "--write-timeout -1s: want a positive duration"},
+		{"no instances", []string{"--max-instances", "0"}, "--max-instances 0: want 1 or more"},
+		{"negative instances", []string{"--max-instances", "-1"}, "--max-instances -1: want 1 or more"},
+		{"no queue", []string{"--max-queue", "0"}, "--max-queue 0: want 1 or more"},
+		{"negative queue", []string{"--max-queue", "-5"}, "--max-queue -5: want 1 or more"},
+		{"negative warm instances", []string{"--min-instances", "-1"}, "--min-instances -1: want 0 (none kept warm) or more"},
+		{"warm over the default max", []string{"--min-instances", "9"}, "--min-instances 9 is over --max-instances 8"},
+		{"warm over a given max", []string{"--max-instances", "2", "--min-instances", "4"}, "--min-instances 4 is over --max-instances 2"},
+		{"idle ttl 0", []string{"--idle-ttl", "0"}, "--idle-ttl 0s: want a positive duration, or a negative one to never release idle instances"},
+	} {
+		t.Run(tt.name, func(t *testing.T) { serveRefuses(t, tt.args, tt.want) })
+	}
+	ok := serveFlags{minInstances: 8, maxInstances: 8, maxQueue: 1, timeout: time.Nanosecond, maxTimeout: time.Nanosecond, readTimeout: time.Second, writeTimeout: time.Second}
+	for _, ttl := range []time.Duration{-time.Nanosecond, time.Nanosecond} {
+		f := ok
+		f.idleTTL = ttl
+		if err := checkPoolFlags(&f, &Env{Stderr: io.Discard}); err != nil {
+			t.Errorf("--idle-ttl %v, --min-instances = --max-instances: %v", ttl, err)
+		}
 	}
 }
 
