@@ -609,8 +609,16 @@ func checkPod(t *testing.T, tpl corev1.PodTemplateSpec, w podWant) {
 		t.Errorf("terminationGracePeriodSeconds %v < preStop %ds + --grace %v", got, sleep, grace)
 	}
 	// And --grace must cover the request deadline, or a rollout cuts
-	// requests still within it.
+	// requests still within it: a --timeout, else PLOVER_TIMEOUT, else
+	// plover's default.
 	timeout := serveDuration(t, "defaultTimeout")
+	for _, e := range c.Env {
+		if e.Name == "PLOVER_TIMEOUT" {
+			if timeout, err = time.ParseDuration(e.Value); err != nil {
+				t.Fatalf("PLOVER_TIMEOUT %q: %v", e.Value, err)
+			}
+		}
+	}
 	for i, a := range c.Args { // the last --timeout wins, in either spelling
 		d, ok := strings.CutPrefix(a, "--timeout=")
 		if a == "--timeout" && i+1 < len(c.Args) {
@@ -630,7 +638,8 @@ func checkPod(t *testing.T, tpl corev1.PodTemplateSpec, w podWant) {
 // TestDrainCoversTheRequestTimeout: the default --grace covers plover's
 // default request deadline with time to spare, and an explicit --timeout
 // (server.extraArgs, either spelling, or PLOVER_TIMEOUT in env) longer than
-// server.graceSeconds is refused, saying what to raise.
+// server.graceSeconds is refused, saying what to raise; so is a grace
+// below plover's default --timeout where none is given.
 func TestDrainCoversTheRequestTimeout(t *testing.T) {
 	c := template(t, "plover", required()).deployments["plover"].Spec.Template.Spec.Containers[0]
 	g, _ := flagValue(c.Args, "grace")
@@ -638,6 +647,8 @@ func TestDrainCoversTheRequestTimeout(t *testing.T) {
 		t.Errorf("default --grace %q, want more than plover serve's default --timeout %v", g, serveDuration(t, "defaultTimeout"))
 	}
 	env := func(v string) []any { return []any{map[string]any{"name": "PLOVER_TIMEOUT", "value": v}} }
+	def := serveDuration(t, "defaultTimeout")
+	defSecs := int(def.Seconds())
 	for _, tc := range []struct {
 		name string
 		v    values
@@ -664,6 +675,15 @@ func TestDrainCoversTheRequestTimeout(t *testing.T) {
 		{"a negative --timeout", required().set("server.extraArgs", []any{"--timeout=-30s"}), "want a Go duration"},
 		{"-timeout, one dash", required().set("server.extraArgs", []any{"-timeout=36s"}), "set server.graceSeconds to 36 or more"},
 		{"-timeout D, one dash", required().set("server.extraArgs", []any{"-timeout", "2m"}), "set server.graceSeconds to 120 or more"},
+		// No --timeout: plover's default is the deadline, and a grace
+		// lowered below it cut requests as a longer --timeout did.
+		{"no --timeout, a grace below plover's default", required().set("server.graceSeconds", defSecs-1),
+			fmt.Sprintf("plover serve's default --timeout %v is longer than server.graceSeconds (%d): a rollout would cut requests still within their deadline; set server.graceSeconds to %d or more", def, defSecs-1, defSecs)},
+		{"no --timeout, the grace at plover's default", required().set("server.graceSeconds", defSecs), ""},
+		{"a shorter --timeout under a lowered grace", required().set("server.graceSeconds", 10).set("server.extraArgs", []any{"--timeout=10s"}), ""},
+		{"a shorter PLOVER_TIMEOUT under a lowered grace", required().set("server.graceSeconds", 10).set("env", env("10s")), ""},
+		// plover serve refuses --timeout 0 at start, saying so.
+		{"--timeout=0 left to plover", required().set("server.graceSeconds", 10).set("server.extraArgs", []any{"--timeout=0"}), ""},
 		// --grace is the chart's: the pods' termination grace is computed
 		// from server.graceSeconds, so one in extraArgs would be cut.
 		{"--grace in extraArgs", required().set("server.extraArgs", []any{"--grace=60s"}), "server.extraArgs --grace=60s: set server.graceSeconds instead"},

@@ -89,6 +89,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* plover serve's --timeout where none is given (cli/serve.go's
+     defaultTimeout; the chart test holds the two together). */}}
+{{- define "plover.defaultTimeout" -}}30s{{- end }}
+
 {{/* The request deadline given explicitly, as "SOURCE\tVALUE" ("" if none):
      --timeout in server.extraArgs (--timeout=D, or --timeout then D; the
      last wins, as on plover's command line), else a literal PLOVER_TIMEOUT in
@@ -239,13 +243,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 {{- end }}
-{{- with include "plover.explicitTimeout" . }}
-{{- $src := index (splitList "\t" .) 0 }}
-{{- $val := index (splitList "\t" .) 1 }}
+{{- /* Without a --timeout of the user's, plover's own default is the deadline
+       the grace must cover: a graceSeconds lowered below it cut requests as
+       an explicit --timeout past it would. A --timeout of 0 plover refuses
+       at start, which says so. */}}
+{{- $timeout := include "plover.explicitTimeout" . | default (printf "plover serve's default --timeout\t%s" (include "plover.defaultTimeout" .)) }}
+{{- $src := index (splitList "\t" $timeout) 0 }}
+{{- $val := index (splitList "\t" $timeout) 1 }}
 {{- $secs := int (include "plover.durationSeconds" (list $src $val)) }}
 {{- if gt $secs (int $.Values.server.graceSeconds) }}
 {{- fail (printf "%s %s is longer than server.graceSeconds (%d): a rollout would cut requests still within their deadline; set server.graceSeconds to %d or more" $src $val (int $.Values.server.graceSeconds) $secs) }}
-{{- end }}
 {{- end }}
 {{- /* A tmpfs data volume counts toward the pod's memory: neither it nor the
        bundle cache on it may exceed the memory limit. */}}
