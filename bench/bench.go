@@ -187,82 +187,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	r := &run{cfg: cfg}
-	if cfg.GRPC != "" {
-		g, err := newGRPCTarget(ctx, &cfg)
-		if err != nil {
-			return nil, err
-		}
-		r.grpc = g
-		r.cfg.Server = cfg.GRPC
-	} else {
-		u, err := url.Parse(cfg.Server)
-		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-			return nil, fmt.Errorf("bench: server %q: want http://host:port", cfg.Server)
-		}
-		base := strings.TrimRight(cfg.Server, "/")
-		r.uri = base + "/v1/functions/" + url.PathEscape(cfg.Function) + "/invoke"
-		r.client = &fasthttp.HostClient{
-			Addr:      hostPort(u),
-			IsTLS:     u.Scheme == "https",
-			TLSConfig: cfg.TLS,
-			// One connection per worker, kept alive for the whole run.
-			MaxConns:            cfg.Concurrency,
-			MaxConnWaitTimeout:  cfg.Timeout,
-			MaxIdleConnDuration: time.Hour,
-			ReadTimeout:         cfg.Timeout,
-			WriteTimeout:        cfg.Timeout,
-			// A non-idempotent POST must not be silently re-sent: each
-			// request is counted once.
-			MaxIdemponentCallAttempts: 1,
-			NoDefaultUserAgentHeader:  true,
-		}
+	r, err := newRun(ctx, cfg)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.Rate > 0 {
-		r.interval = 1e9 / cfg.Rate
-	}
-	r.errBody = map[int]string{}
-	r.halted = make(chan struct{})
-	ctx, r.cancel = context.WithCancel(ctx)
-	defer r.cancel()
-
-	r.start = time.Now()
-	r.deadline = r.start.Add(cfg.Duration)
-	var wg sync.WaitGroup
-	for range cfg.Concurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.worker(ctx)
-			atomicMax(&r.lastExit, int64(time.Since(r.start)))
-		}()
-	}
-	progressDone := make(chan struct{})
-	if cfg.Progress != nil {
-		go func() {
-			t := time.NewTicker(cfg.ProgressInterval)
-			defer t.Stop()
-			for {
-				select {
-				case <-t.C:
-					cfg.Progress(r.done.Load(), time.Since(r.start))
-				case <-progressDone:
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(progressDone)
-	if cfg.Progress != nil {
-		cfg.Progress(r.done.Load(), time.Since(r.start))
-	}
-	if r.client != nil {
-		r.client.CloseIdleConnections()
-	}
-	if ctx.Err() != nil || r.stopped == "" {
-		r.stop("interrupted")
-	}
+	r.loop(ctx)
 	res := r.result()
 	// Only a server that never answered is "no response": one that
 	// answered with errors is there, and its errors are in res.
@@ -270,6 +199,122 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return res, fmt.Errorf("no response from %s: %w", cfg.Server, r.firstErr)
 	}
 	return res, nil
+}
+
+// newRun makes a run's client for cfg's transport.
+func newRun(ctx context.Context, cfg Config) (*run, error) {
+	r := &run{cfg: cfg, errBody: map[int]string{}, halted: make(chan struct{})}
+	if cfg.Rate > 0 {
+		r.interval = 1e9 / cfg.Rate
+	}
+	if cfg.GRPC != "" {
+		g, err := newGRPCTarget(ctx, &cfg)
+		if err != nil {
+			return nil, err
+		}
+		r.grpc = g
+		r.cfg.Server = cfg.GRPC
+		return r, nil
+	}
+	u, err := url.Parse(cfg.Server)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, fmt.Errorf("bench: server %q: want http://host:port", cfg.Server)
+	}
+	base := strings.TrimRight(cfg.Server, "/")
+	r.uri = base + "/v1/functions/" + url.PathEscape(cfg.Function) + "/invoke"
+	r.client = &fasthttp.HostClient{
+		Addr:      hostPort(u),
+		IsTLS:     u.Scheme == "https",
+		TLSConfig: cfg.TLS,
+		// One connection per worker, kept alive for the whole run.
+		MaxConns:            cfg.Concurrency,
+		MaxConnWaitTimeout:  cfg.Timeout,
+		MaxIdleConnDuration: time.Hour,
+		ReadTimeout:         cfg.Timeout,
+		WriteTimeout:        cfg.Timeout,
+		// A non-idempotent POST must not be silently re-sent: each
+		// request is counted once.
+		MaxIdemponentCallAttempts: 1,
+		NoDefaultUserAgentHeader:  true,
+	}
+	return r, nil
+}
+
+// loop runs the workers until they have all stopped, and records why the
+// run ended.
+func (r *run) loop(parent context.Context) {
+	var ctx context.Context
+	ctx, r.cancel = context.WithCancel(parent)
+	defer r.cancel()
+
+	r.start = time.Now()
+	r.deadline = r.start.Add(r.cfg.Duration)
+	// An interrupt is recorded as it comes: taken once the requests in
+	// flight had drained, its time counted the drain as due in an open
+	// loop, and whatever had stopped the run meanwhile was said instead.
+	unhook := context.AfterFunc(parent, func() { r.stop("interrupted") })
+	var wg sync.WaitGroup
+	for range r.cfg.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.worker(ctx)
+			atomicMax(&r.lastExit, int64(time.Since(r.start)))
+		}()
+	}
+	finishProgress := r.progress()
+	wg.Wait()
+	finishProgress()
+	if r.client != nil {
+		r.client.CloseIdleConnections()
+	}
+	if !unhook() {
+		// The interrupt came; its stop may still be under way, and
+		// stopOnce waits for it.
+		r.stop("interrupted")
+	}
+	r.stop(r.bound())
+}
+
+// progress calls cfg.Progress every ProgressInterval from a goroutine of
+// its own until the returned func, which calls it a last time.
+func (r *run) progress() (finish func()) {
+	p := r.cfg.Progress
+	if p == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(r.cfg.ProgressInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				p(r.done.Load(), time.Since(r.start))
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		p(r.done.Load(), time.Since(r.start))
+	}
+}
+
+// bound is the limit that ended a run nothing cut short. An open loop's
+// workers take tickets ahead of the schedule, so the first past a bound
+// is taken before the bound is reached: the schedule says which one ends
+// it. A closed loop's workers each say when they reach one; that none did
+// means none had a connection to send on (gRPC).
+func (r *run) bound() string {
+	if r.interval == 0 {
+		return "errors"
+	}
+	if r.cfg.Requests <= r.dueWithin(r.cfg.Duration) {
+		return "requests"
+	}
+	return "duration"
 }
 
 func hostPort(u *url.URL) string {
@@ -282,9 +327,10 @@ func hostPort(u *url.URL) string {
 	return u.Host + ":80"
 }
 
-// stop records why the run ended. Only "errors" and "interrupted" cut
-// other workers short: at the request or time limit, tickets already taken
-// are still due and are sent.
+// stop records why the run ended, and when: the first reason given
+// stands. Only "errors" and "interrupted" cut other workers short: at the
+// request or time limit, tickets already taken are still due and are
+// sent.
 func (r *run) stop(why string) {
 	r.stopOnce.Do(func() {
 		r.stopped, r.stopAt = why, time.Now()
@@ -402,7 +448,11 @@ func (r *run) worker(ctx context.Context) {
 	for ctx.Err() == nil {
 		k := r.next.Add(1) - 1
 		if k >= r.cfg.Requests {
-			r.stop("requests")
+			if r.interval == 0 {
+				// The open loop's tickets run ahead of its schedule: the
+				// run's end says which bound it reached (bound).
+				r.stop("requests")
+			}
 			return
 		}
 		var t0 time.Time
@@ -436,7 +486,10 @@ func (r *run) worker(ctx context.Context) {
 
 // due waits for open-loop request k's time and returns when its latency
 // counts from; false when the worker is to send no more (the run's
-// duration is over, or ctx ended).
+// duration is over, or ctx ended). It records no stop: a worker takes its
+// ticket up to Concurrency intervals ahead of the schedule, and a stop
+// said then would be taken for the run's end, an interrupt coming later
+// unsaid.
 //
 // Request k is due at start + k/rate whether or not earlier ones have
 // returned, and its latency counts from then, so a slow server cannot hide
@@ -445,7 +498,6 @@ func (r *run) worker(ctx context.Context) {
 func (r *run) due(ctx context.Context, k int64, timer *time.Timer) (time.Time, bool) {
 	due := r.start.Add(r.offset(k))
 	if !due.Before(r.deadline) {
-		r.stop("duration")
 		return time.Time{}, false
 	}
 	slept := false
@@ -468,7 +520,6 @@ func (r *run) due(ctx context.Context, k int64, timer *time.Timer) (time.Time, b
 	if now.After(r.deadline.Add(grace)) {
 		// Due in time but no connection came free before the end:
 		// counted as unsent rather than stretching the run.
-		r.stop("duration")
 		return time.Time{}, false
 	}
 	lag := now.Sub(due)

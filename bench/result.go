@@ -110,7 +110,8 @@ type Starts struct {
 // OpenLoop reports how well the schedule was kept.
 type OpenLoop struct {
 	// Scheduled is the requests due within the run (rate × duration,
-	// bounded by the request limit).
+	// bounded by the request limit); of a run interrupted or stopped by
+	// errors, those due before it was.
 	Scheduled int64 `json:"scheduled"`
 	Sent      int64 `json:"sent"`
 	// Late were sent more than LateSlack after their scheduled time
