@@ -218,6 +218,7 @@ func TestConfigErrors(t *testing.T) {
 		{Server: "ftp://x", Function: "f"},
 		{Server: "http://127.0.0.1:1", Function: "f", Rate: -1},
 		{Server: "http://127.0.0.1:1", Function: "f", Concurrency: -2},
+		{Server: "http://127.0.0.1:1", Function: "f", Warmup: -1},
 	} {
 		if _, err := Run(context.Background(), c); err == nil {
 			t.Errorf("%+v: no error", c)

@@ -19,6 +19,11 @@ type Result struct {
 	InputBytes    int     `json:"input_bytes"`
 	DurationLimit float64 `json:"duration_limit_s"`
 	RequestLimit  int64   `json:"request_limit"`
+	// Warmup is the untimed requests sent before the run (Config.Warmup),
+	// in no other figure; WarmupFailed, those of them without a 2xx
+	// answer.
+	Warmup       int64 `json:"warmup,omitempty"`
+	WarmupFailed int64 `json:"warmup_failed,omitempty"`
 	// Stopped says which bound ended the run: "requests", "duration",
 	// "interrupted", or "errors" (the server never answered).
 	Stopped string `json:"stopped"`
@@ -144,6 +149,7 @@ func (r *run) result() *Result {
 	res := &Result{
 		Function: c.Function, Server: c.Server, Mode: "closed", Concurrency: c.Concurrency,
 		InputBytes: len(c.Input), DurationLimit: c.Duration.Seconds(), RequestLimit: c.Requests,
+		Warmup: r.warmSent, WarmupFailed: r.warmFailed,
 		Stopped: r.stopped, Elapsed: time.Duration(max(r.lastEnd.Load(), r.lastExit.Load())).Seconds(),
 		Requests: r.done.Load(), OK: r.ok.Load(), Latency: summarize(&r.latency), LatencyHistogram: r.latency.LogBins(HistogramBins),
 		Shed: r.shed.Load(), RetryAfterWait: time.Duration(r.shedWait.Load()).Seconds(),
@@ -226,6 +232,9 @@ func (res *Result) WriteText(w io.Writer) error {
 		mode = fmt.Sprintf("open loop at %g req/s, at most %d in flight", res.Rate, res.Concurrency)
 	}
 	fmt.Fprintf(&b, "%s at %s: %s, %d-byte input, stopped by %s\n", res.Function, res.Server, mode, res.InputBytes, stopWhy(res))
+	if res.Warmup > 0 {
+		fmt.Fprintf(&b, "warmup      %d untimed request%s before the run, in no figure below: %d failed\n", res.Warmup, plural(int(res.Warmup)), res.WarmupFailed)
+	}
 	shed := ""
 	if res.Shed > 0 {
 		shed = fmt.Sprintf(" (%d of them shed)", res.Shed)
@@ -262,8 +271,18 @@ func (res *Result) WriteText(w io.Writer) error {
 	b.WriteString("\n")
 	if l := res.Latency; l.N > 0 {
 		fmt.Fprintf(&b, "%-24s%9s%9s%9s%9s%9s%9s\n", "latency (client, 2xx)", "p50", "p90", "p99", "p99.9", "max", "mean")
-		fmt.Fprintf(&b, "%-24s%9s%9s%9s%9s%9s%9s\n\n", "", FormatDuration(l.P50), FormatDuration(l.P90), FormatDuration(l.P99),
-			FormatDuration(l.P999), FormatDuration(l.Max), FormatDuration(l.Mean))
+		fmt.Fprintf(&b, "%-24s%9s%9s%9s%9s%9s%9s\n", "", quantileCell(0.50, l.P50, l.N), quantileCell(0.90, l.P90, l.N),
+			quantileCell(0.99, l.P99, l.N), quantileCell(0.999, l.P999, l.N), FormatDuration(l.Max), FormatDuration(l.Mean))
+		var maxed []string
+		for _, q := range latencyQuantiles {
+			if QuantileIsMax(q.q, l.N) {
+				maxed = append(maxed, q.name)
+			}
+		}
+		if len(maxed) > 0 {
+			fmt.Fprintf(&b, "%-24s= max (n=%d): too few requests for %s, each only the slowest of them\n", "", l.N, strings.Join(maxed, ", "))
+		}
+		b.WriteString("\n")
 	}
 	writeHistogram(&b, res)
 	if res.OK == 0 {
@@ -281,11 +300,34 @@ func (res *Result) WriteText(w io.Writer) error {
 				fmt.Fprintf(&b, "  %-22s%9s%9s%9s%9s\n", name, "-", "-", "-", "-")
 				continue
 			}
-			fmt.Fprintf(&b, "  %-22s%9s%9s%9s%9s\n", name, FormatDuration(s.Mean), FormatDuration(s.P50), FormatDuration(s.P99), FormatDuration(s.Max))
+			fmt.Fprintf(&b, "  %-22s%9s%9s%9s%9s\n", name, FormatDuration(s.Mean), quantileCell(0.50, s.P50, s.N), quantileCell(0.99, s.P99, s.N), FormatDuration(s.Max))
 		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// latencyQuantiles are the report's quantiles below the max.
+var latencyQuantiles = []struct {
+	name string
+	q    float64
+}{{"p50", 0.50}, {"p90", 0.90}, {"p99", 0.99}, {"p99.9", 0.999}}
+
+// QuantileIsMax says whether quantile q of n values is, by nearest rank
+// (the ceil(q·n)th smallest, as Histogram.Quantile takes it), the largest
+// of them: p99 and p99.9 of 50 requests are the slowest one, a cold start
+// among them, and no percentile.
+func QuantileIsMax(q float64, n int64) bool {
+	return n > 0 && int64(math.Ceil(q*float64(n))) >= n
+}
+
+// quantileCell is a report's cell for quantile q (ms) of n values: "= max"
+// where it is only the largest of them.
+func quantileCell(q, v float64, n int64) string {
+	if QuantileIsMax(q, n) {
+		return "= max"
+	}
+	return FormatDuration(v)
 }
 
 // HistogramBins bounds the bins of a Result's LatencyHistogram: rows of

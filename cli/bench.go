@@ -44,6 +44,7 @@ type benchFlags struct {
 	rate              rateFlag
 	duration, timeout time.Duration
 	requests          int64
+	warmup            int64
 	maxErrors         int64
 	asJSON            bool
 	grpc              string
@@ -57,13 +58,14 @@ func benchCmd() *command {
 		named: true,
 		name:  "bench", summary: "load-test a function: latency percentiles, errors, the server's timing breakdown",
 		complete: f.ep.completeFunctions,
-		usage:    "NAME [--concurrency N | --rate R/s] [--duration 10s] [--requests N] [--in FILE | --size BYTES] [--max-errors N] [--chart FILE.svg] [--json]",
+		usage:    "NAME [--concurrency N | --rate R/s] [--duration 10s] [--requests N] [--in FILE | --size BYTES] [--warmup N] [--max-errors N] [--chart FILE.svg] [--json]",
 		example: "  plover bench vecadd --in build/samples/vecadd-input.bin --concurrency 4 --duration 10s\n" +
 			"  plover bench cnn --size 3136 --rate 500/s --duration 5s          # open loop at 500 requests/s\n" +
 			"  plover bench cnn --size 3136 --requests 1000 --json | jq .latency_ms\n" +
 			"  plover bench cnn --size 3136 --grpc grpc://127.0.0.1:8001           # through gRPC ModelInfer\n" +
 			"  plover bench cnn --size 3136 --duration 5s --chart cnn-latency.svg   # and the latency histogram as an SVG chart\n" +
-			"  plover bench cnn --size 3136 --requests 1000 --max-errors 0          # in CI: exit 1 if any request failed",
+			"  plover bench cnn --size 3136 --requests 1000 --max-errors 0          # in CI: exit 1 if any request failed\n" +
+			"  plover bench cnn --size 3136 --requests 50 --warmup 5                # the cold start left out of the figures",
 		flags: func(fs *flag.FlagSet) {
 			f.ep.serverFlag(fs)
 			fs.StringVar(&f.in, "in", "", "input file sent as every request's body, - for stdin")
@@ -72,6 +74,7 @@ func benchCmd() *command {
 			fs.Var(&f.rate, "rate", "open loop: send this many requests per second (e.g. 500/s) whatever the latency or the answers, measuring each from its scheduled time; a Retry-After is not waited for (the offered load is the rate), its answers are counted as shed")
 			fs.DurationVar(&f.duration, "duration", bench.DefaultDuration, "stop after this long (or at --requests, whichever comes first)")
 			fs.Int64Var(&f.requests, "requests", bench.DefaultRequests, "stop after this many requests (or at --duration, whichever comes first)")
+			fs.Int64Var(&f.warmup, "warmup", 0, "send this many requests, one after another, before the timed run: in no figure but their own count, so that the first request's cold start (the function's load, the connection's setup) is not in the latency (0: none, the cold start counted as before)")
 			fs.DurationVar(&f.timeout, "timeout", bench.DefaultTimeout, "per-request timeout (requests in flight at --duration may finish up to this much later)")
 			fs.Int64Var(&f.maxErrors, "max-errors", -1, "exit 1 (after the report) when more than this many requests end without a 2xx answer: 429s (busy, rate_limited), 5xx, no answer, the shed ones (429/503 with Retry-After) included, for a request shed is one not served; 0 fails on any (-1: no bound, the run fails only when no request succeeded)")
 			fs.BoolVar(&f.asJSON, "json", false, "print the result as JSON on stdout")
@@ -100,6 +103,8 @@ func runBench(name string, f *benchFlags, env *Env) error {
 		return usagef(env, "bench", "--concurrency %d: want 1..10000 (or 0: 1, or 64 with --rate)", f.concurrency)
 	case f.timeout < 0:
 		return usagef(env, "bench", "--timeout %v: want a positive duration", f.timeout)
+	case f.warmup < 0:
+		return usagef(env, "bench", "--warmup %d: want 0 or more requests", f.warmup)
 	case f.maxErrors < -1:
 		return usagef(env, "bench", "--max-errors %d: want 0 or more (or -1: no bound)", f.maxErrors)
 	case f.grpc != "" && !grpcAddress(f.grpc):
@@ -129,7 +134,7 @@ func runBench(name string, f *benchFlags, env *Env) error {
 	cfg := bench.Config{
 		Server: serverURL(f.ep.server), Function: name, Input: input, Concurrency: f.concurrency,
 		Rate: float64(f.rate), Duration: f.duration, Requests: f.requests, Timeout: f.timeout,
-		Token: f.ep.token, TLS: tc, GRPC: f.grpc,
+		Token: f.ep.token, TLS: tc, GRPC: f.grpc, Warmup: f.warmup,
 	}
 	finish := benchProgress(&cfg, env)
 	res, err := bench.Run(ctx, cfg)

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -129,5 +130,27 @@ func TestBenchNoServer(t *testing.T) {
 	_, _, err := runCommand(benchCmd(), "echo", "--server", "http://127.0.0.1:1", "--size", "8", "--duration", "5s")
 	if err == nil || !strings.Contains(err.Error(), "plover serve") {
 		t.Fatalf("err %v", err)
+	}
+}
+
+// --warmup's requests go before the timed run: the version's load (the
+// cold start) is in none of its figures.
+func TestBenchWarmup(t *testing.T) {
+	for _, tt := range []struct {
+		warmup string
+		cold   int64
+	}{{"0", 1}, {"2", 0}} {
+		url := benchServer(t) // not loaded yet
+		out, stderr, err := runCommand(benchCmd(), "echo", "--server", url, "--size", "64", "--requests", "20", "--warmup", tt.warmup, "--json")
+		if err != nil {
+			t.Fatalf("%v\n%s", err, stderr)
+		}
+		var res bench.Result
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		if res.Requests != 20 || res.OK != 20 || res.Starts.Cold != tt.cold || fmt.Sprint(res.Warmup) != tt.warmup || res.WarmupFailed != 0 {
+			t.Fatalf("--warmup %s: %d requests, %d ok, %d cold, warmup %d (%d failed); want 20, 20, %d cold", tt.warmup, res.Requests, res.OK, res.Starts.Cold, res.Warmup, res.WarmupFailed, tt.cold)
+		}
 	}
 }

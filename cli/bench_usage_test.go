@@ -30,6 +30,7 @@ func TestBenchCommandLineMistakesExit2(t *testing.T) {
 		{[]string{"echo", "--size", "8", "--requests", "0"}, "--requests"},
 		{[]string{"echo", "--size", "8", "--requests", "-1"}, "--requests"},
 		{[]string{"echo", "--size", "8", "--concurrency", "-1"}, "--concurrency -1"},
+		{[]string{"echo", "--size", "8", "--warmup", "-1"}, "--warmup -1"},
 		{[]string{"echo", "--size", "8", "--concurrency", "20000"}, "--concurrency 20000"},
 		{[]string{"echo", "--size", "8", "--grpc", "http://127.0.0.1:8001"}, `--grpc "http://127.0.0.1:8001": want grpc://HOST:PORT`},
 		{[]string{"echo", "--size", "8", "--grpc", "127.0.0.1:8001"}, `--grpc "127.0.0.1:8001"`},

@@ -335,6 +335,12 @@ func getJSON(c *http.Client, url string, v any) error {
 }
 
 func writeBurst(o *options, res *results, runs []*burstRun) error {
+	return writeSection(o, "burst-"+o.device, renderBurst(o, res, runs), runs)
+}
+
+// renderBurst is the many-functions section: its table, this build's
+// figures first, and the idle workers' memory.
+func renderBurst(o *options, res *results, runs []*burstRun) string {
 	var b strings.Builder
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	p("## Many functions: cold starts in bursts (%s device)\n\n", res.Device)
@@ -351,10 +357,10 @@ func writeBurst(o *options, res *results, runs []*burstRun) error {
 	p("\n|---|---|---|---|---|%s\n", strings.Repeat("---|---|", len(runs)-1))
 	row := func(what, target string, get func(*burstRun) []float64) {
 		v := get(runs[0])
-		p("| %s | %s | %s | %s | %s |", what, fmtMs(quantile(v, 0.5)), fmtMs(quantile(v, 0.99)), fmtMs(quantile(v, 1)), target)
+		p("| %s | %s | %s | %s | %s |", what, quantileMs(v, 0.5), quantileMs(v, 0.99), fmtMs(quantile(v, 1)), target)
 		for _, r := range runs[1:] {
 			w := get(r)
-			p(" %s / %s / %s | %s |", fmtMs(quantile(w, 0.5)), fmtMs(quantile(w, 0.99)), fmtMs(quantile(w, 1)), ratio(quantile(v, 0.5), quantile(w, 0.5)))
+			p(" %s / %s / %s | %s |", quantileMs(w, 0.5), quantileMs(w, 0.99), fmtMs(quantile(w, 1)), ratio(quantile(v, 0.5), quantile(w, 0.5)))
 		}
 		p("\n")
 	}
@@ -387,7 +393,7 @@ func writeBurst(o *options, res *results, runs []*burstRun) error {
 			p("\n`%s`: %d of the sequence's requests were not cold starts; %d of the bursts' requests failed.\n", r.Plover, r.SeqNotCold, r.WideErrors)
 		}
 	}
-	return writeSection(o, "burst-"+o.device, b.String(), runs)
+	return b.String()
 }
 
 func sortedMs(v []float64) string {

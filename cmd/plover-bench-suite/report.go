@@ -386,6 +386,22 @@ func quantile(v []float64, q float64) float64 {
 }
 
 // fmtMs prints milliseconds with about three significant digits.
+// quantileMs is quantile q of v (ms) as a table's cell, or "= max (n=N)"
+// where so few values (NaNs left out, as quantile does) have no q but
+// their largest (bench.QuantileIsMax): p99 of 20 readings is the slowest.
+func quantileMs(v []float64, q float64) string {
+	n := 0
+	for _, x := range v {
+		if !math.IsNaN(x) {
+			n++
+		}
+	}
+	if bench.QuantileIsMax(q, int64(n)) {
+		return fmt.Sprintf("= max (n=%d)", n)
+	}
+	return fmtMs(quantile(v, q))
+}
+
 func fmtMs(v float64) string {
 	a := math.Abs(v)
 	switch {
