@@ -68,3 +68,27 @@ func TestDatapathFailsOnFourClientErrors(t *testing.T) {
 		t.Fatalf("err %v, want the four-client block's failures", err)
 	}
 }
+
+// The payload-copy target says met or missed from the bytes copied, the
+// 8 KiB explanation only where they are within it, and n/a for a build
+// that does not count copies: it printed "-1 B per request, all of it
+// the first 8 KiB" and the same sentence for any count, never a verdict.
+func TestDatapathCopiedTarget(t *testing.T) {
+	for _, tt := range []struct {
+		copied float64
+		want   string
+	}{
+		{-1, "payload copied 0 per request on the default path: n/a (this build does not count its copies).\n"},
+		{0, "payload copied 0 per request on the default path: 0 B per request, met.\n"},
+		{8192, "payload copied 0 per request on the default path: 8192 B per request, missed: at most the first 8 KiB of each body, which fasthttp reads with the headers before any handler runs and copies once into the slot.\n"},
+		{0.5, "payload copied 0 per request on the default path: 0.5 B per request, missed: at most the first 8 KiB"},
+		{4000000, "payload copied 0 per request on the default path: 4000000 B per request, missed.\n"},
+	} {
+		p := &dpTarget{Name: "plover", Client: []float64{1}, Thru: []float64{100}, Copied: tt.copied}
+		floor := &dpTarget{Name: "floor", Client: []float64{1}, Thru: []float64{100}, Copied: -1}
+		out := renderDatapath(&options{isolation: "process"}, &results{}, []*dpTarget{p, floor}, 1)
+		if !strings.Contains(out, tt.want) {
+			t.Errorf("copied %v: the targets' line lacks %q:\n%s", tt.copied, tt.want, out)
+		}
+	}
+}
