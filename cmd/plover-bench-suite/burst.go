@@ -325,13 +325,22 @@ func get(c *http.Client, url string) (float64, int, error) {
 	return msSince(t0), int(n), err
 }
 
+// getJSON decodes url's 200 answer into v; another status is an error
+// (an error's JSON body decoded into v left it zero, and said nothing).
 func getJSON(c *http.Client, url string, v any) error {
 	resp, err := c.Get(url)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	return json.NewDecoder(resp.Body).Decode(v)
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
+		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, bytes.TrimSpace(b))
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("GET %s: %w", url, err)
+	}
+	return nil
 }
 
 func writeBurst(o *options, res *results, runs []*burstRun) error {

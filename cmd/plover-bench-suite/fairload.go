@@ -26,7 +26,10 @@ import (
 // ioSplit floods vecadd-a and vecadd-b together, ca and cb clients, and
 // reads the server's I/O time each was charged meanwhile.
 func ioSplit(ctx context.Context, url string, inA, inB []byte, ca, cb int, d time.Duration) (fairIO, error) {
-	before := [2]float64{ioSeconds(url, "vecadd-a"), ioSeconds(url, "vecadd-b")}
+	before, err := twoCounts(url, "vecadd-a", "vecadd-b", ioSeconds)
+	if err != nil {
+		return fairIO{}, fmt.Errorf("I/O split: before: %w", err)
+	}
 	sctx, stop := context.WithCancel(ctx)
 	seen := make(chan contended, 1)
 	go func() { seen <- contention(sctx, url, "vecadd-a", "vecadd-b", contentionEvery) }()
@@ -43,7 +46,11 @@ func ioSplit(ctx context.Context, url string, inA, inB []byte, ca, cb int, d tim
 		return fairIO{}, fmt.Errorf("I/O split: %v %v", ea, eb)
 	}
 	r := fairIO{Throughput: [2]int64{int64(la.Throughput), int64(lb.Throughput)}, Errors: [2]int64{la.Errors, lb.Errors}, Why: [2]string{la.CommonError, lb.CommonError}, BothWaiting: c.Both, IOAWaiting: c.IOA, Clients: [2]int{ca, cb}}
-	if ia, ib := ioSeconds(url, "vecadd-a")-before[0], ioSeconds(url, "vecadd-b")-before[1]; ia+ib > 0 {
+	after, err := twoCounts(url, "vecadd-a", "vecadd-b", ioSeconds)
+	if err != nil {
+		return fairIO{}, fmt.Errorf("I/O split: after: %w", err)
+	}
+	if ia, ib := after[0]-before[0], after[1]-before[1]; ia+ib > 0 {
 		r.IOA = ia / (ia + ib)
 	}
 	if ba, bb := la.Throughput*float64(len(inA)), lb.Throughput*float64(len(inB)); ba+bb > 0 {
@@ -189,18 +196,24 @@ func besideFlood(ctx context.Context, plover, url, nb string, nin []byte, client
 }
 
 // deviceSeconds is a function's device time on the server so far.
-func deviceSeconds(url, fn string) float64 { return functionInfo(url, fn).DeviceSeconds }
+func deviceSeconds(fi api.FunctionInfo) float64 { return fi.DeviceSeconds }
 
 // ioSeconds is the server's CPU time on a function's bytes so far.
-func ioSeconds(url, fn string) float64 { return functionInfo(url, fn).IOSeconds }
+func ioSeconds(fi api.FunctionInfo) float64 { return fi.IOSeconds }
 
-// functionInfo is GET /v1/functions/{fn}, or its zero value.
-func functionInfo(url, fn string) api.FunctionInfo {
-	var fi api.FunctionInfo
-	if getJSON(http.DefaultClient, url+"/v1/functions/"+fn, &fi) != nil {
-		return api.FunctionInfo{}
+// twoCounts is count of functions a and b (GET /v1/functions/{fn}). A
+// read that fails is an error, not a zero: taken as one, a split
+// between two reads covered the server's lifetime, or went negative.
+func twoCounts(url, a, b string, count func(api.FunctionInfo) float64) ([2]float64, error) {
+	var v [2]float64
+	for i, fn := range []string{a, b} {
+		var fi api.FunctionInfo
+		if err := getJSON(http.DefaultClient, url+"/v1/functions/"+fn, &fi); err != nil {
+			return v, fmt.Errorf("%s's counts: %w", fn, err)
+		}
+		v[i] = count(fi)
 	}
-	return fi
+	return v, nil
 }
 
 // contentionEvery is how often contention reads /metrics.
@@ -349,7 +362,10 @@ func functionOutput(ctx context.Context, url, fn string, n int) string {
 // each was billed (none without the scheduler: NaN).
 func shareSplit(ctx context.Context, o *options, url, mode string, spinIn []byte, clients int) (fairShares, error) {
 	logf("  spin-a (share 3) and spin-b (share 1), %d clients each", clients)
-	before := [2]float64{deviceSeconds(url, "spin-a"), deviceSeconds(url, "spin-b")}
+	before, err := twoCounts(url, "spin-a", "spin-b", deviceSeconds)
+	if err != nil {
+		return fairShares{}, fmt.Errorf("shares: before: %w", err)
+	}
 	var wg sync.WaitGroup
 	var la, lb fairLoad
 	var ea, eb error
@@ -364,7 +380,11 @@ func shareSplit(ctx context.Context, o *options, url, mode string, spinIn []byte
 	if la.Throughput+lb.Throughput > 0 {
 		sh.WorkA = la.Throughput / (la.Throughput + lb.Throughput)
 	}
-	da, db := deviceSeconds(url, "spin-a")-before[0], deviceSeconds(url, "spin-b")-before[1]
+	after, err := twoCounts(url, "spin-a", "spin-b", deviceSeconds)
+	if err != nil {
+		return fairShares{}, fmt.Errorf("shares: after: %w", err)
+	}
+	da, db := after[0]-before[0], after[1]-before[1]
 	sh.BilledA = math.NaN() // no scheduler, no device time
 	if strings.HasPrefix(mode, "fair") && da+db > 0 {
 		sh.BilledA = da / (da + db)
