@@ -751,12 +751,13 @@ sec_faults() {
 }
 
 # lost_requests FILE: the fairness report marks figures whose requests
-# failed ("**N failed**", "**N failed, M never sent**"; the other benches'
-# reports say it their own way, not read here): the suite exits 0 then,
-# its tables saying so, but the figures stand on the requests that got
-# through, and on a GPU machine nobody will be on again a run that served
-# nothing must read as failed.
-lost_requests() { grep -qE '\*\*[0-9]+ failed' "$1"; }
+# failed or, in an open loop, were never sent ("**N failed**", "**N
+# failed, M never sent**", "**M never sent**"; the other benches' reports
+# say it their own way, not read here): the suite exits 0 then, its tables
+# saying so, but the figures stand on the requests that got through, and
+# on a GPU machine nobody will be on again a run that served nothing must
+# read as failed.
+lost_requests() { grep -qE '\*\*[0-9]+ (failed|never sent)' "$1"; }
 # lost_requests_said FILE: the first table's losses, as its line under it
 # names them ("fair, the victim alone: 1 failed (the most common: status
 # 503: ...)").

@@ -324,3 +324,46 @@ func TestGPUCheckMPS(t *testing.T) {
 		})
 	}
 }
+
+// lost_requests finds a fairness table's cell that lost requests however
+// it says so: a cell with only never-sent requests ("**N never sent**")
+// passed, as its pattern wanted "failed". The function is taken from the
+// script and run by bash on each report.
+func TestGPUCheckLostRequests(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("bash not found")
+	}
+	src, err := os.ReadFile("gpu-check.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fn string
+	for _, l := range strings.Split(string(src), "\n") {
+		if strings.HasPrefix(l, "lost_requests() {") {
+			fn = l
+		}
+	}
+	if fn == "" {
+		t.Fatal("no lost_requests() { ... } line in gpu-check.sh")
+	}
+	for _, tt := range []struct {
+		report string
+		lost   bool
+	}{
+		{"| fair | 1.00× / 1.00× (**7 failed**) |", true},
+		{"| fair | 0 / 0 (**1 failed, 2 never sent**) |", true},
+		{"| fair | 2.00 → 1.00 / 2.00 (**3 never sent**) |", true},
+		{"| fair | 2.00 → 1.00 / 2.00 (flood: **4 never sent**, 2 late) |", true},
+		{"| fair | 2.00 → 1.00 / 2.00 (2 late) |", false},
+		{"no request failed, none never sent", false},
+	} {
+		report := filepath.Join(t.TempDir(), "fair.md")
+		if err := os.WriteFile(report, []byte("## Sharing a device\n\n"+tt.report+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		err := exec.Command("bash", "-c", fn+"\nlost_requests \"$1\"", "bash", report).Run()
+		if lost := err == nil; lost != tt.lost {
+			t.Errorf("%q: lost %v (%v), want %v", tt.report, lost, err, tt.lost)
+		}
+	}
+}
