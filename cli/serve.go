@@ -145,7 +145,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.workerUser, "worker-user", "nobody", "user workers run as when the server runs as root (a name or UID:GID)")
 			fs.StringVar(&f.store, "store", "", "object store URL: file:///path or s3://bucket[/prefix] (default file://DATA/store)")
 			s3Flags(fs, &f.s3)
-			fs.IntVar(&f.minInstances, "min-instances", 0, "instances kept warm per function when its manifest sets no min_instances (at most --max-instances)")
+			fs.IntVar(&f.minInstances, "min-instances", 0, "instances kept warm per function when its manifest sets no min_instances (at most the function's max_instances, else --max-instances)")
 			fs.IntVar(&f.maxInstances, "max-instances", 8, "instances per function when its manifest sets no max_instances (more than --device-runs, so a function keeps runs queued for the device scheduler)")
 			fs.IntVar(&f.maxQueue, "max-queue", 64, "requests waiting per function when its manifest sets no max_queue; more get 429")
 			fs.DurationVar(&f.idleTTL, "idle-ttl", 5*time.Minute, "release an instance idle this long; unload a function with none left (manifest idle_ttl overrides; negative: never; 0 is refused)")

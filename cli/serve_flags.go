@@ -50,9 +50,9 @@ func checkPoolFlags(f *serveFlags, env *Env) error {
 	if f.minInstances < 0 {
 		return usagef(env, "serve", "--min-instances %d: want 0 (none kept warm) or more", f.minInstances)
 	}
-	if f.minInstances > f.maxInstances {
-		return usagef(env, "serve", "--min-instances %d is over --max-instances %d: a function keeps no more instances warm than it may have", f.minInstances, f.maxInstances)
-	}
+	// A --min-instances over --max-instances is no mistake: both are
+	// defaults, and a function whose manifest allows more instances keeps
+	// the whole --min-instances warm (policyFor caps it per function).
 	for _, c := range []struct {
 		name string
 		v    time.Duration
