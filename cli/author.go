@@ -366,7 +366,11 @@ func staleSources(dir string, m *abi.Manifest, built string) string {
 	if p := staleIncludes(dir, m, since); p != "" {
 		return p
 	}
-	if name := depFile(m); name != "" {
+	// Only a build of one source writes a list (depFlags; the Makefile
+	// likewise): one of several sources found beside the library is an
+	// earlier one-source build's, and vouched for headers the sources
+	// added since include.
+	if name := depFile(m); name != "" && len(m.Build.Sources) == 1 {
 		if deps, ok := readDeps(filepath.Join(built, name)); ok {
 			for _, d := range deps {
 				if !filepath.IsAbs(d) {

@@ -108,18 +108,28 @@ func staleUnder(dir string, m *abi.Manifest, since time.Time) string {
 	}
 	flags := append(append([]string{}, m.Build.CXXFlags...), m.Build.NVCCFlags...)
 	for _, root := range includeFlagRoots(dir, flags) {
-		if p := newerUnder(root, buildDir, since, isCSource, includeWalkLimit); p != "" {
+		if p := newerUnder(root.dir, buildDir, since, isCSource, root.limit); p != "" {
 			return p
 		}
 	}
 	return ""
 }
 
-// includeWalkLimit bounds the walk of a directory an -I flag names, in
-// entries: a larger tree is a library's or a toolkit's (CUDA's include
-// directory holds thousands of files), not the function's own headers, and
-// walking it on every plover run and deploy would cost more than the
-// check is worth; it is left unwatched. A variable for tests.
+// walkRoot is a directory an -I flag names, and the most entries its walk
+// may count (0: no bound).
+type walkRoot struct {
+	dir   string
+	limit int
+}
+
+// includeWalkLimit bounds the walk of a directory an absolute -I flag
+// names, in entries: a larger tree is a library's or a toolkit's (CUDA's
+// include directory holds thousands of files), not the function's own
+// headers, and walking it on every plover run and deploy would cost more
+// than the check is worth; it is left unwatched. A relative -I names the
+// author's own tree (a monorepo's -I../common), walked whole as it always
+// was: bounded, a header edited there in a tree of more files went
+// unseen and plover run ran the old bytes. A variable for tests.
 var includeWalkLimit = 2000
 
 // systemIncludeDirs are where compilers and toolkits keep their headers,
@@ -150,13 +160,15 @@ func isSystemDir(abs string) bool {
 
 // includeFlagRoots are the directories -I flags among flags name, as a
 // walk should start at them: a relative one taken from dir, symbolic links
-// resolved (a walk does not enter a link it starts at); one that is not
-// there, or is the system's (isSystemDir), is left out.
-func includeFlagRoots(dir string, flags []string) []string {
-	var roots []string
+// resolved (a walk does not enter a link it starts at), an absolute one
+// bounded by includeWalkLimit; one that is not there, or is the system's
+// (isSystemDir), is left out.
+func includeFlagRoots(dir string, flags []string) []walkRoot {
+	var roots []walkRoot
 	for _, inc := range includeFlagDirs(flags) {
+		limit := includeWalkLimit
 		if !filepath.IsAbs(inc) {
-			inc = filepath.Join(dir, inc)
+			inc, limit = filepath.Join(dir, inc), 0
 		}
 		real, err := filepath.EvalSymlinks(inc)
 		if err != nil {
@@ -165,7 +177,7 @@ func includeFlagRoots(dir string, flags []string) []string {
 		if abs, err := filepath.Abs(real); err != nil || isSystemDir(abs) {
 			continue
 		}
-		roots = append(roots, real)
+		roots = append(roots, walkRoot{real, limit})
 	}
 	return roots
 }

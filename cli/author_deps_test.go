@@ -225,15 +225,17 @@ func TestStaleUnderAbsoluteIncludes(t *testing.T) {
 	t.Cleanup(func() { includeWalkLimit, systemIncludeDirs = limit, system })
 	includeWalkLimit = 8
 	for _, tt := range []struct {
-		name   string
-		files  int  // besides the header
-		system bool // the -I directory is one of systemIncludeDirs
-		watch  bool
+		name     string
+		files    int  // besides the header
+		system   bool // the -I directory is one of systemIncludeDirs
+		relative bool // named by a relative -I: the author's tree, never bounded
+		watch    bool
 	}{
-		{"a few files", 3, false, true},
-		{"at the limit", includeWalkLimit - 2, false, true}, // the directory, the header and these
-		{"past the limit", includeWalkLimit - 1, false, false},
-		{"a system directory", 0, true, false},
+		{"a few files", 3, false, false, true},
+		{"at the limit", includeWalkLimit - 2, false, false, true}, // the directory, the header and these
+		{"past the limit", includeWalkLimit - 1, false, false, false},
+		{"a system directory", 0, true, false, false},
+		{"relative, past the limit", includeWalkLimit + 5, false, true, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			dir, inc := t.TempDir(), t.TempDir()
@@ -241,7 +243,15 @@ func TestStaleUnderAbsoluteIncludes(t *testing.T) {
 			if tt.system {
 				systemIncludeDirs = append(append([]string{}, system...), inc)
 			}
-			m := &abi.Manifest{Name: "fn", Library: "fn.so", Build: &abi.Build{Sources: []string{"fn.cu"}, CXXFlags: []string{"-I" + inc}}}
+			flag := inc
+			if tt.relative {
+				rel, err := filepath.Rel(dir, inc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				flag = rel
+			}
+			m := &abi.Manifest{Name: "fn", Library: "fn.so", Build: &abi.Build{Sources: []string{"fn.cu"}, CXXFlags: []string{"-I" + flag}}}
 			built := filepath.Join(dir, BuildDir, "host")
 			if err := os.MkdirAll(built, 0o755); err != nil {
 				t.Fatal(err)
@@ -292,15 +302,15 @@ func TestIncludeFlagRoots(t *testing.T) {
 	os.Symlink("/usr/include", filepath.Join(ext, "sys"))
 	for _, tt := range []struct {
 		flags []string
-		want  []string
+		want  []walkRoot
 	}{
-		{[]string{"-Iinc", "-I", ext, "-DX=1"}, []string{filepath.Join(dir, "inc"), ext}},
-		{[]string{"-Ilink"}, []string{filepath.Join(dir, "real")}},
+		{[]string{"-Iinc", "-I", ext, "-DX=1"}, []walkRoot{{filepath.Join(dir, "inc"), 0}, {ext, includeWalkLimit}}},
+		{[]string{"-Ilink"}, []walkRoot{{filepath.Join(dir, "real"), 0}}},
 		{[]string{"-Iabsent", "-I" + filepath.Join(ext, "absent")}, nil},
 		{[]string{"-I/usr/include", "-I/", "-I" + filepath.Join(ext, "sys")}, nil},
 	} {
 		if got := includeFlagRoots(dir, tt.flags); !reflect.DeepEqual(got, tt.want) {
-			t.Errorf("includeFlagRoots(%q) = %q, want %q", tt.flags, got, tt.want)
+			t.Errorf("includeFlagRoots(%q) = %v, want %v", tt.flags, got, tt.want)
 		}
 	}
 }
@@ -327,5 +337,34 @@ func TestIsSystemDir(t *testing.T) {
 		if got := isSystemDir(tt.dir); got != tt.want {
 			t.Errorf("isSystemDir(%s) = %v, want %v", tt.dir, got, tt.want)
 		}
+	}
+}
+
+// A list found beside a build of several sources is an earlier one-source
+// build's (no build of several writes one, and the Makefile's leaves the
+// last one's): it is not read, so a header only the new sources include
+// makes the build stale.
+func TestAnEarlierBuildsListVouchesForNoSources(t *testing.T) {
+	dir := t.TempDir()
+	built := filepath.Join(dir, BuildDir, "host")
+	if err := os.MkdirAll(built, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	for _, n := range []string{"fn.cu", "b.cu", "b.h", abi.ManifestFile} {
+		writeAt(t, filepath.Join(dir, n), old)
+	}
+	writeAt(t, filepath.Join(built, "fn.so"), old.Add(time.Minute))
+	if err := os.WriteFile(filepath.Join(built, "fn.d"), []byte("build/host/fn.so: fn.cu\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := &abi.Manifest{Name: "fn", Library: "fn.so", Build: &abi.Build{Sources: []string{"fn.cu", "b.cu"}}}
+	if p := staleSources(dir, m, built); p != "" {
+		t.Fatalf("before any change: stale by %s", p)
+	}
+	h := filepath.Join(dir, "b.h")
+	writeAt(t, h, old.Add(2*time.Minute))
+	if p := staleSources(dir, m, built); p != h {
+		t.Fatalf("b.h changed after a two-source build, an older one-source list beside it: stale by %q, want %q", p, h)
 	}
 }
