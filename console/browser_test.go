@@ -514,6 +514,18 @@ func TestFunctionPage(t *testing.T) {
 		if got := eval[any](p, held); got != nil {
 			t.Errorf("the held token stays: %v", got)
 		}
+		// Signed in, a link's unsendable token is said on the status line
+		// and forgotten: the next one at the form does not read it.
+		p.do(10*time.Second, "signed in by the form, then a link with a quoted token",
+			chromedp.SetValue(chromedp.CSS("#token"), token),
+			chromedp.Click(chromedp.CSS(`#signin button[type="submit"]`)),
+			chromedp.WaitVisible(chromedp.CSS("#signout")),
+			chromedp.Evaluate[chromedp.Void](`location.hash = "#/functions/f?token=%E2%80%9Cx"`),
+			poll(`document.getElementById("status").textContent.includes("not taken")`),
+			chromedp.Click(chromedp.CSS("#signout")), chromedp.WaitVisible(chromedp.CSS("#signin")))
+		if got := eval[string](p, `document.getElementById("signin-error").textContent`); strings.Contains(got, "not taken") || strings.Contains(got, "dropped") {
+			t.Errorf("after sign-out the form says %q", got)
+		}
 	})
 
 	// A browser without AbortSignal.any (before 2024's): the output is

@@ -58,9 +58,11 @@ function takeToken() {
     // Held, it would fail every request in the browser before one went
     // out, the page showing it signed in: refused here, said on the form
     // (or, where another token is held, on the status line).
-    refusedToken = "The link's token was not taken: " + bad;
-    if (held) say(refusedToken);
-    else document.getElementById("signin-error").textContent = refusedToken;
+    // Kept for the form only where it shows: with a token held, a later
+    // sign-out or 401 would show it to whoever signs in next.
+    const why = "The link's token was not taken: " + bad;
+    if (held) say(why);
+    else document.getElementById("signin-error").textContent = refusedToken = why;
   } else if (held === t || window.confirm(ask + " Use it?")) {
     sessionStorage.setItem(KEY, t);
   }
@@ -257,6 +259,7 @@ function setupSignIn() {
     for (const s of stop) s(); // the live views end with the token they ran under
     stop = [];
     sessionStorage.removeItem(KEY);
+    refusedToken = ""; // the last user's
     showSignedIn();
     showSignIn("");
   });
