@@ -113,6 +113,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- range (.Values.env | default list) }}
 {{- if and (eq (toString .name) "PLOVER_TIMEOUT") (hasKey . "value") }}
 {{- $found = printf "env PLOVER_TIMEOUT\t%s" (toString .value) }}
+{{- else if and (eq (toString .name) "PLOVER_TIMEOUT") (hasKey . "valueFrom") }}
+{{- $found = "unknown" }}{{/* read at run time (a ConfigMap's, a Secret's): not checkable here */}}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -248,11 +250,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
        an explicit --timeout past it would. A --timeout of 0 plover refuses
        at start, which says so. */}}
 {{- $timeout := include "plover.explicitTimeout" . | default (printf "plover serve's default --timeout\t%s" (include "plover.defaultTimeout" .)) }}
+{{- if ne $timeout "unknown" }}
 {{- $src := index (splitList "\t" $timeout) 0 }}
 {{- $val := index (splitList "\t" $timeout) 1 }}
 {{- $secs := int (include "plover.durationSeconds" (list $src $val)) }}
 {{- if gt $secs (int $.Values.server.graceSeconds) }}
 {{- fail (printf "%s %s is longer than server.graceSeconds (%d): a rollout would cut requests still within their deadline; set server.graceSeconds to %d or more" $src $val (int $.Values.server.graceSeconds) $secs) }}
+{{- end }}
 {{- end }}
 {{- /* A tmpfs data volume counts toward the pod's memory: neither it nor the
        bundle cache on it may exceed the memory limit. */}}
