@@ -97,12 +97,15 @@
  * on; work the hook put on streams of its own it must wait for itself.
  * Hook time is part of the load time.
  * In a worker process (the default isolation) fini runs when the runtime
- * closes the instance. Unloading a version whose worker holds nothing else
- * ends that process, which frees everything, with no plover_unload; it runs
- * where the process goes on: in a tenant's shared worker (serve
- * --worker-scope tenant) beside another program, and in-process
- * (--isolation none, plover run). A killed worker (a crash, a deadline
- * overrun, a faulted GPU) runs no hook.
+ * closes an instance and the version stays (an idle instance released).
+ * Unloading a version whose worker holds nothing else (a delete, a
+ * redeploy, an eviction, scale to zero, the end of plover run) ends that
+ * process at once, which frees everything: the fini of the instances
+ * closed with it may be cut short, and plover_unload does not run. Both
+ * run in full where the process goes on: in a tenant's shared worker
+ * (serve --worker-scope tenant) beside another program, and in-process
+ * (--isolation none). A killed worker (a crash, a deadline overrun, a
+ * faulted GPU) runs no hook.
  *
  * BATCHING (2.1). A bundle that defines PLOVER_BATCHED(n) in one source
  * file says its chain handles up to n requests in one run; its manifest's
