@@ -38,9 +38,20 @@ type BodyBudget interface {
 // before it gets 503.
 const budgetWait = 5 * time.Second
 
-// keptBody is the largest input buffer a pooled call keeps between
-// requests: a rare huge request must not pin its memory forever.
+// keptBody is the largest buffer a pooled call or a connection keeps
+// between requests (an input's, an output's, a response's): a rare huge
+// request must not pin its memory forever.
 const keptBody = 1 << 20
+
+// kept is b emptied for a later request, or nil when it grew past
+// keptBody. A capacity check only: the small requests' hot path keeps its
+// buffers without a copy or an allocation.
+func kept(b []byte) []byte {
+	if cap(b) > keptBody {
+		return nil
+	}
+	return b[:0]
+}
 
 // bodyLimit is the most bytes a route reads of a body, and what sets it,
 // as a client should read it in a 413: --max-body is named, so that an

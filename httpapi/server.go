@@ -515,6 +515,11 @@ func (s *Server) invoke(ctx *fasthttp.RequestCtx, nameBytes []byte) {
 		}
 	}
 	s.finish(ctx, name, c, err)
+	// A JSON invoke's output is the engine's, made at its out_bytes (up
+	// to 1 GiB), whether the run succeeded or failed: kept by the pooled
+	// exchange, every exchange a burst of large outputs used would hold
+	// one for as long as small requests keep the pool in use.
+	c.req.Output = kept(c.req.Output)
 	// Not deferred: an exchange whose request panicked is left to the
 	// collector, its output perhaps a device slot's memory (recover.go).
 	c.conn = nil
@@ -596,32 +601,49 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange
 	handed = true // released or answered from below
 	out := c.req.Output
 	c.req.Copied += copied
-	switch {
-	case land != nil && aliases(out, land.Output()):
-		// The output is in the slot: the response is written from there,
-		// and the slot released after. The response keeps its own buffer
-		// (an error written later must not land in the slot).
-		ctx.Response.SwapBody(buf)
-		if err == nil && len(out) > 0 {
-			s.answer(ctx, out, land, tn)
-		} else {
-			land.Release()
-		}
-	default:
-		ctx.Response.SwapBody(out)
-		if land != nil {
-			land.Release()
-		}
-		if err == nil {
-			s.pieceAnswer(ctx, tn)
-		}
-	}
+	s.answerRaw(ctx, out, buf, land, tn, err == nil)
 	c.req.Input, c.req.Output, c.req.Landing = nil, nil, nil
 	if err == nil {
 		ctx.Response.Header.SetContentTypeBytes(octetStream)
 		s.writeMeta(ctx, c)
 	}
 	return err
+}
+
+// answerRaw makes out, a raw invoke's output, its response when the run
+// succeeded (ok), and releases the request's slot, if any (land): at once,
+// or once the answer is written from it where out is in it. buf is the
+// response's own buffer, lent to the run for its output.
+func (s *Server) answerRaw(ctx *fasthttp.RequestCtx, out, buf []byte, land call.Landing, tn turns, ok bool) {
+	switch {
+	case land != nil && aliases(out, land.Output()):
+		// The output is in the slot: the response is written from there,
+		// and the slot released after. The response keeps its own buffer
+		// (an error written later must not land in the slot).
+		ctx.Response.SwapBody(buf)
+		if ok && len(out) > 0 {
+			s.answer(ctx, out, land, tn)
+			return
+		}
+	case cap(out) > keptBody:
+		// Made for this run (the engine's, at its out_bytes): never the
+		// response's buffer, which fasthttp keeps for the connection's
+		// life (ReduceMemoryUsage is off) under an error written over it
+		// or an answer of a few bytes. The response keeps its own, and
+		// the answer is written from out.
+		ctx.Response.SwapBody(kept(buf))
+		if ok {
+			s.answer(ctx, out, nil, tn)
+		}
+	default:
+		ctx.Response.SwapBody(out)
+		if ok {
+			s.pieceAnswer(ctx, tn)
+		}
+	}
+	if land != nil {
+		land.Release()
+	}
 }
 
 // aliases reports whether a's memory (to its capacity) is within b's.

@@ -202,12 +202,7 @@ const keptTensors = 64
 func (vc *v2Call) trim() {
 	vc.req = call.Request{Gone: vc.req.Gone}
 	vc.conn = nil
-	if cap(vc.out) > keptBody {
-		vc.out = nil
-	}
-	if cap(vc.lay) > keptBody {
-		vc.lay = nil
-	}
+	vc.out, vc.lay = kept(vc.out), kept(vc.lay)
 	if cap(vc.hdr.inputs) > keptTensors || cap(vc.hdr.outputs) > keptTensors {
 		vc.hdr = inferHeader{}
 	}
@@ -473,7 +468,9 @@ func writeInferJSON(ctx *fasthttp.RequestCtx, h *inferHeader, name, version stri
 			b = append(b, `"data":[`...)
 			var err error
 			if b, err = appendData(b, decl.Datatype, o.Bytes); err != nil {
-				ctx.Response.SwapBody(b[:0])
+				// Grown to the answer's bound: the response keeps it for
+				// the connection's life under the error written next.
+				ctx.Response.SwapBody(kept(b))
 				return fmt.Errorf("output %q: %v, which JSON data cannot carry: ask for the output in binary "+
 					"(the request's parameters.binary_data_output, or the output's parameters.binary_data)", decl.Name, err)
 			}

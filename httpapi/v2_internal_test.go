@@ -307,7 +307,10 @@ func TestLayInputs(t *testing.T) {
 }
 
 // An output with JSON data holding NaN or an infinity is an error naming
-// it, with nothing written; in binary, or finite, it is a response.
+// it, with nothing written, and the response keeps no more than keptBody
+// of the buffer grown for the answer (the error written next goes into
+// it, and fasthttp keeps it for the connection's life); in binary, or
+// finite, it is a response.
 func TestWriteInferJSONNonFinite(t *testing.T) {
 	f32 := func(fs ...float32) []byte {
 		var b []byte
@@ -331,6 +334,8 @@ func TestWriteInferJSONNonFinite(t *testing.T) {
 			err: `output "y": element 1 is NaN, which JSON data cannot carry`},
 		{name: "FP32 -Inf", decl: []abi.Tensor{{Name: "y", Datatype: "FP32", Shape: []int64{-1}}}, out: f32(float32(math.Inf(-1))),
 			err: `output "y": element 0 is -Inf`},
+		{name: "NaN at the end of a large output", decl: []abi.Tensor{{Name: "y", Datatype: "FP32", Shape: []int64{-1}}},
+			out: append(make([]byte, 1<<20), f32(nan32)...), err: `output "y": element 262144 is NaN`},
 		{name: "FP64 +Inf", decl: []abi.Tensor{{Name: "w", Datatype: "FP64", Shape: []int64{1}}}, out: f64(inf), err: `output "w": element 0 is +Inf`},
 		{name: "FP16 NaN", decl: []abi.Tensor{{Name: "h", Datatype: "FP16", Shape: []int64{1}}}, out: []byte{0x00, 0x7e}, err: `output "h": element 0 is NaN`},
 		{name: "FP16 Inf", decl: []abi.Tensor{{Name: "h", Datatype: "FP16", Shape: []int64{1}}}, out: []byte{0x00, 0x7c}, err: `output "h": element 0 is +Inf`},
@@ -359,6 +364,9 @@ func TestWriteInferJSONNonFinite(t *testing.T) {
 				}
 				if len(ctx.Response.Body()) != 0 {
 					t.Errorf("wrote %q as well", ctx.Response.Body())
+				}
+				if n := cap(ctx.Response.Body()); n > keptBody {
+					t.Errorf("the response keeps a buffer of %d bytes for the error, want at most %d", n, keptBody)
 				}
 				return
 			}
