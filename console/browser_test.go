@@ -472,6 +472,41 @@ func TestFunctionPage(t *testing.T) {
 		}
 	})
 
+	// A browser without AbortSignal.any (before 2024's): the output is
+	// followed all the same.
+	t.Run("no AbortSignal.any", func(t *testing.T) {
+		p := b.tab(t, `delete AbortSignal.any;`)
+		open(p)
+		if eval[bool](p, `typeof AbortSignal.any === "function"`) {
+			t.Fatal("the page has AbortSignal.any: the test would not see a browser without it")
+		}
+		p.do(10*time.Second, "the output followed", poll(logs+`.includes("stdout[1] | hello-")`))
+		if got := eval[string](p, logs); strings.Contains(got, "ended") {
+			t.Errorf("the output pane says %q", got)
+		}
+	})
+
+	// A stream that sends nothing, not even the server's keep-alive: the
+	// pane says it stalled and follows again. The page's 45 s is made
+	// 1.5 s here (its own timers of that length, before it loads).
+	t.Run("stalled stream", func(t *testing.T) {
+		p := b.tab(t, `{ const st = window.setTimeout; window.setTimeout = (f, ms, ...a) => st(f, ms === 45000 ? 1500 : ms, ...a); }`)
+		n := len(f.asks("/v1/functions/f/logs"))
+		open(p)
+		p.do(15*time.Second, "the stall said and the output followed again",
+			poll(logs+`.includes("[output stream stalled: nothing from the server in 45 s; following again]")`),
+			poll(`(`+logs+`.match(/\| hello-/g) || []).length >= 2`))
+		if got := len(f.asks("/v1/functions/f/logs")); got < n+2 {
+			t.Errorf("the page asked for the stream %d times, want it followed again", got-n)
+		}
+	})
+}
+
+// TestSignOutAndTokens: what a sign-out leaves on the page, and tokens no
+// header can carry, against fn.
+func TestSignOutAndTokens(t *testing.T) {
+	b := startBrowser(t)
+	f := newFake(t, (&fn{current: 1, n: 2}).serve)
 	// Signing out clears the status line: the last view's errors and the
 	// function they named are the last user's (they stayed beside the
 	// form, "asking again" of a view that had ended).
@@ -525,35 +560,6 @@ func TestFunctionPage(t *testing.T) {
 			chromedp.Click(chromedp.CSS("#signout")), chromedp.WaitVisible(chromedp.CSS("#signin")))
 		if got := eval[string](p, `document.getElementById("signin-error").textContent`); strings.Contains(got, "not taken") || strings.Contains(got, "dropped") {
 			t.Errorf("after sign-out the form says %q", got)
-		}
-	})
-
-	// A browser without AbortSignal.any (before 2024's): the output is
-	// followed all the same.
-	t.Run("no AbortSignal.any", func(t *testing.T) {
-		p := b.tab(t, `delete AbortSignal.any;`)
-		open(p)
-		if eval[bool](p, `typeof AbortSignal.any === "function"`) {
-			t.Fatal("the page has AbortSignal.any: the test would not see a browser without it")
-		}
-		p.do(10*time.Second, "the output followed", poll(logs+`.includes("stdout[1] | hello-")`))
-		if got := eval[string](p, logs); strings.Contains(got, "ended") {
-			t.Errorf("the output pane says %q", got)
-		}
-	})
-
-	// A stream that sends nothing, not even the server's keep-alive: the
-	// pane says it stalled and follows again. The page's 45 s is made
-	// 1.5 s here (its own timers of that length, before it loads).
-	t.Run("stalled stream", func(t *testing.T) {
-		p := b.tab(t, `{ const st = window.setTimeout; window.setTimeout = (f, ms, ...a) => st(f, ms === 45000 ? 1500 : ms, ...a); }`)
-		n := len(f.asks("/v1/functions/f/logs"))
-		open(p)
-		p.do(15*time.Second, "the stall said and the output followed again",
-			poll(logs+`.includes("[output stream stalled: nothing from the server in 45 s; following again]")`),
-			poll(`(`+logs+`.match(/\| hello-/g) || []).length >= 2`))
-		if got := len(f.asks("/v1/functions/f/logs")); got < n+2 {
-			t.Errorf("the page asked for the stream %d times, want it followed again", got-n)
 		}
 	})
 }
