@@ -30,11 +30,6 @@ func Memory() int64 {
 	return memory(string(b), root)
 }
 
-// MemoryIn is Memory for a process whose /proc/self/cgroup reads
-// procCgroup, its hierarchies mounted at root (plover serve's
-// --cgroup-root, a test's fake tree).
-func MemoryIn(procCgroup, root string) int64 { return memory(procCgroup, root) }
-
 // CPUs is how many CPUs this process may keep busy: the node's (those
 // its affinity allows), or fewer where its cgroup's CPU quota says so
 // (rounded up: a quota of 1.5 CPUs keeps two CPUs partly busy). Read

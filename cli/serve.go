@@ -177,7 +177,7 @@ func serveCmd() *command {
 			fs.BoolVar(&f.cpuWeights, "cpu-weights", true, "give each worker a CPU weight that follows its function's share and priority (--isolation process): a cgroup of its own where cgroups can be written, else a nice level per thread (/healthz says which)")
 			fs.Float64Var(&f.lightBoost, "light-boost", worker.LightBoost, "with --cpu-weights, a worker that used under half its weight's part of the CPUs in the last 250 ms runs at this many times its weight until it uses three quarters of it, so that a light function's runs beside a flood start at once rather than after the flood's slices; 1: off")
 			fs.DurationVar(&f.lightSlice, "light-slice", worker.LightSlice, "with --cpu-weights by nice levels and the light boost, on Linux 6.12 or later: a boosted worker's threads and the server's run with this EEVDF slice (the kernel's default is 0.7 ms times 1 + log2 of the CPUs, at most 8), so that a light function's wakeups beside a flood run at once rather than after a flood's thread ends its slice; 0: off (100us to 100ms, and shorter than the kernel's default: the log at start says where it is not in force)")
-			fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the cgroup hierarchy is mounted (for --cpu-weights, --worker-max-pids, the workers' memory groups and the server's Go memory limit, 90% of its own group's memory limit unless GOMEMLIMIT is set)")
+			fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the cgroup hierarchy is mounted (for --cpu-weights, --worker-max-pids and the workers' memory groups)")
 			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: twice the host device's CPUs, or 4 per GPU)")
 			fs.DurationVar(&f.reserveHold, "reserve-hold", sched.DefaultRecent, "how long after a light function's last run (one at a time) the slots kept for light functions stay kept from floods, on every device and in the server's I/O; a function called less often finds the floods in every slot (shorter: floods lose less after a light function's last request)")
 			fs.IntVar(&f.sharedRuns, "shared-runs", 0, "while two or more functions want a device, the runs floods may have on it together (on every device; a light function's runs in its kept slots not counted), the rest queued in the order of their shares: on the host device, runs past its CPUs are split by the OS, not by share (0: the host device's CPUs and one; every run on a GPU)")
@@ -229,7 +229,6 @@ func serve(f *serveFlags, env *Env) error {
 		return err
 	}
 	f.cpus = serverProcs(log)
-	setMemoryLimit(f, log)
 	ctx, force := stopSignals()
 	// SIGHUP reloads tokens and certificate; caught from the start, so one
 	// sent while the server starts does not kill it.
