@@ -102,10 +102,12 @@
  * redeploy, an eviction, scale to zero, the end of plover run) ends that
  * process at once, which frees everything: the fini of the instances
  * closed with it may be cut short, and plover_unload does not run. Both
- * run in full where the process goes on: in a tenant's shared worker
- * (serve --worker-scope tenant) beside another program, and in-process
- * (--isolation none). A killed worker (a crash, a deadline overrun, a
- * faulted GPU) runs no hook.
+ * run where the process goes on: in a tenant's shared worker (serve
+ * --worker-scope tenant) beside another program, plover_unload within
+ * 10 s (past it the worker ends, with the tenant's other programs) and
+ * about 1 s at the server's stop; and in-process (--isolation none),
+ * unbounded. A killed worker (a crash, a deadline overrun, a faulted GPU)
+ * runs no hook.
  *
  * BATCHING (2.1). A bundle that defines PLOVER_BATCHED(n) in one source
  * file says its chain handles up to n requests in one run; its manifest's

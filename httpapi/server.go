@@ -615,16 +615,25 @@ func (s *Server) invokeRaw(ctx *fasthttp.RequestCtx, name call.Name, c *exchange
 // or once the answer is written from it where out is in it. buf is the
 // response's own buffer, lent to the run for its output.
 func (s *Server) answerRaw(ctx *fasthttp.RequestCtx, out, buf []byte, land call.Landing, tn turns, ok bool) {
-	switch {
-	case land != nil && aliases(out, land.Output()):
+	if land != nil && aliases(out, land.Output()) {
 		// The output is in the slot: the response is written from there,
 		// and the slot released after. The response keeps its own buffer
 		// (an error written later must not land in the slot).
 		ctx.Response.SwapBody(buf)
 		if ok && len(out) > 0 {
 			s.answer(ctx, out, land, tn)
-			return
+		} else {
+			land.Release()
 		}
+		return
+	}
+	// out is not in the slot: the slot goes back before the answer is
+	// made, so that a panic while it is (recovered as a 500) leaves none
+	// held (handed is set: invokeRaw's recovery releases nothing).
+	if land != nil {
+		land.Release()
+	}
+	switch {
 	case cap(out) > keptBody:
 		// Made for this run (the engine's, at its out_bytes): never the
 		// response's buffer, which fasthttp keeps for the connection's
@@ -640,9 +649,6 @@ func (s *Server) answerRaw(ctx *fasthttp.RequestCtx, out, buf []byte, land call.
 		if ok {
 			s.pieceAnswer(ctx, tn)
 		}
-	}
-	if land != nil {
-		land.Release()
 	}
 }
 
