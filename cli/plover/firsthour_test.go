@@ -198,7 +198,10 @@ func TestScaffoldMakefileFollowsConstants(t *testing.T) {
 			t.Fatalf("build/host holds %v, want %v", got, want)
 		}
 	}
-	build("constants.bin", "fn.so", "plover.json")
+	// fn.d: the headers the compiler read (-MMD), which make and plover
+	// run read to tell a stale build; not packed (a bundle is its
+	// manifest, library and constants).
+	build("constants.bin", "fn.d", "fn.so", "plover.json")
 	mp := filepath.Join(dir, "plover.json")
 	b, _ := os.ReadFile(mp)
 	var kept []string
@@ -209,7 +212,7 @@ func TestScaffoldMakefileFollowsConstants(t *testing.T) {
 	}
 	os.WriteFile(mp, []byte(strings.Join(kept, "\n")), 0o644)
 	os.Remove(filepath.Join(dir, "constants.bin"))
-	build("fn.so", "plover.json")
+	build("fn.d", "fn.so", "plover.json")
 }
 
 // An accumulator in tmp without zero_tmp: plover run's answer is right the
