@@ -34,7 +34,11 @@ TIMING = "queue;dur=0.012, sched;dur=0.001, load;dur=0.000, copyin;dur=0.004, ke
 
 def raw_server(test, answer):
     """A loopback server that reads each request once, writes answer (b"":
-    nothing) and closes; returns its URL and the list of what it read."""
+    nothing) and closes; returns its URL and the list of what it read.
+    It closes its side only (a FIN), then reads to the client's close:
+    closed with the request's body still unread (it may come in a second
+    segment), the socket sent a reset instead, which could reach the
+    client before the answer's bytes (ECONNRESET, no answer read)."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(4)
@@ -49,6 +53,13 @@ def raw_server(test, answer):
             got.append(conn.recv(65536))
             if answer:
                 conn.sendall(answer)
+            conn.shutdown(socket.SHUT_WR)
+            conn.settimeout(5)
+            try:
+                while conn.recv(65536):
+                    pass
+            except OSError:
+                pass
             conn.close()
 
     threading.Thread(target=serve, daemon=True).start()
