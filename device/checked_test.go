@@ -43,7 +43,13 @@ func loadOverrun(t testing.TB, reportFaults bool) *overrunEnv {
 
 func loadOverrunProgram(t testing.TB, reportFaults bool) device.Program {
 	t.Helper()
-	so := testkit.BuildLib(t, testkit.OverrunSource(), t.TempDir(), "overrun.so", "-std=c++17", "-Wall", "-Wextra")
+	// A child of TestCheckedGuardFault dies of SIGSEGV before its cleanups
+	// run, so it builds in the directory its parent made and removes.
+	dir := os.Getenv("PLOVER_CHECKED_DIR")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	so := testkit.BuildLib(t, testkit.OverrunSource(), dir, "overrun.so", "-std=c++17", "-Wall", "-Wextra")
 	h := device.NewHost(0)
 	reportFD := -1 // no handler
 	if reportFaults {
@@ -246,7 +252,7 @@ func TestCheckedGuardFault(t *testing.T) {
 	} {
 		t.Run(tt.entry+" "+tt.args, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestCheckedGuardFault$", "-test.count=1")
-			cmd.Env = append(os.Environ(), "PLOVER_CHECKED_CHILD="+tt.entry+" "+tt.args)
+			cmd.Env = append(os.Environ(), "PLOVER_CHECKED_CHILD="+tt.entry+" "+tt.args, "PLOVER_CHECKED_DIR="+t.TempDir())
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
 			err := cmd.Run()
