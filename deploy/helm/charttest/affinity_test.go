@@ -11,8 +11,8 @@ import (
 
 // TestREADMEAffinityMapKeysByName: the README's $plover_function map, for
 // ingress.hashBy, gives every call of a function one key, its /v1 invoke
-// and both /v2 infer routes alike, so that one pod holds it warm (keyed by
-// the path, they were warm on up to three pods); other functions get keys
+// both /v2 infer routes and a repository load alike, so that one pod holds
+// it warm (keyed by the path, they were warm on up to three pods); other functions get keys
 // of their own. As nginx's map does, the first regex that matches wins,
 // and Go reads these regexes as PCRE does.
 func TestREADMEAffinityMapKeysByName(t *testing.T) {
@@ -53,7 +53,7 @@ func TestREADMEAffinityMapKeysByName(t *testing.T) {
 		return strings.ReplaceAll(def, "$uri", uri)
 	}
 	for _, fn := range []string{"cnn", "mnist-2"} {
-		for _, route := range []string{"/v1/functions/%s/invoke", "/v2/models/%s/infer", "/v2/models/%s/versions/3/infer"} {
+		for _, route := range []string{"/v1/functions/%s/invoke", "/v2/models/%s/infer", "/v2/models/%s/versions/3/infer", "/v2/repository/models/%s/load"} {
 			if uri := fmt.Sprintf(route, fn); key(uri) != fn {
 				t.Errorf("%s: key %q, want %q, the function's name", uri, key(uri), fn)
 			}
