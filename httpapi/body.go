@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -51,6 +52,23 @@ func kept(b []byte) []byte {
 		return nil
 	}
 	return b[:0]
+}
+
+// dropLargeResponse hands an answer past keptBody that a handler wrote into
+// the response's own buffer (a long listing, a scrape of many functions, a
+// big /v2 answer) to fasthttp as a stream of itself, so that the buffer
+// goes with the answer: fasthttp keeps the response's buffer for its
+// connection's life (ReduceMemoryUsage is off), and each idle keep-alive
+// connection such an answer passed through held its size. The bytes are
+// written from the same memory, with the same Content-Length.
+func dropLargeResponse(ctx *fasthttp.RequestCtx) {
+	if ctx.Hijacked() || ctx.Response.IsBodyStream() {
+		return // Body would read the stream
+	}
+	if b := ctx.Response.Body(); cap(b) > keptBody {
+		ctx.Response.SwapBody(nil)
+		ctx.Response.SetBodyStream(bytes.NewReader(b), len(b))
+	}
 }
 
 // bodyLimit is the most bytes a route reads of a body, and what sets it,

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/ioshare"
@@ -83,17 +85,7 @@ func TestLargeOutputIsNotKept(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	var seen atomic.Int64
-	s := New(frontdoor.New(frontdoor.Config{Runner: outputRunner{seen: &seen}}), nil, Options{})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		s.Shutdown(ctx)
-	})
+	addr := servedOn(t, New(frontdoor.New(frontdoor.Config{Runner: outputRunner{seen: &seen}}), nil, Options{}))
 	for _, tc := range []struct {
 		name, fn, ct string
 		status, size int   // the first request's answer: its status, its output's bytes (raw)
@@ -108,13 +100,7 @@ func TestLargeOutputIsNotKept(t *testing.T) {
 		{"raw, an output within the bound is kept", "mid-fail", "application/octet-stream", 500, 0, 512 << 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(20 * time.Second))
-			br := bufio.NewReader(c)
+			c, br := dialKept(t, addr)
 			st, n := invokeOn(t, c, br, tc.fn, tc.ct)
 			if st != tc.status || (st == 200 && tc.ct != "application/json" && n != tc.size) {
 				t.Fatalf("%s: %d with %d bytes, want %d with %d", tc.fn, st, n, tc.status, tc.size)
@@ -158,4 +144,90 @@ func invokeOn(t *testing.T, c net.Conn, br *bufio.Reader, fn, ct string) (int, i
 		t.Fatalf("%s: a 500 that is not an error object", fn)
 	}
 	return resp.StatusCode, int(n)
+}
+
+// listingAdmin lists n functions of long names: a GET /v1/functions answer
+// of about n*540 bytes, written into the response's own buffer.
+type listingAdmin struct {
+	Admin // nil: a method not below panics
+	n     int
+}
+
+func (a listingAdmin) Functions(context.Context) ([]api.FunctionInfo, error) {
+	fs := make([]api.FunctionInfo, a.n)
+	for i := range fs {
+		fs[i].Name = fmt.Sprintf("a-function-of-a-long-name-%0120d", i)
+	}
+	return fs, nil
+}
+
+// An answer a handler writes into the response's own buffer (a listing
+// here; a scrape or a /v2 answer alike) leaves the connection a buffer of
+// at most keptBody once it is past it, as the next request on the
+// connection finds it (a raw invoke runs into the response's buffer); one
+// within it is kept. Before, each keep-alive connection a long listing
+// passed through held its size for good. The answer itself is whole.
+func TestLargeListingIsNotKept(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		functions   int
+		keptAtLeast int64
+	}{
+		{"a listing past the bound", 20000, 0},
+		{"a listing within it is kept", 500, 128 << 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var seen atomic.Int64
+			c, br := dialKept(t, servedOn(t, New(frontdoor.New(frontdoor.Config{Runner: outputRunner{seen: &seen}}), listingAdmin{n: tc.functions}, Options{})))
+			fmt.Fprintf(c, "GET /v1/functions HTTP/1.1\r\nHost: localhost\r\n\r\n")
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var list struct{ Functions []api.FunctionInfo }
+			err = json.NewDecoder(resp.Body).Decode(&list)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != 200 || len(list.Functions) != tc.functions || resp.Close {
+				t.Fatalf("listing: %d, %d functions, %v, closing %v; want 200 with %d on a connection kept open", resp.StatusCode, len(list.Functions), err, resp.Close, tc.functions)
+			}
+			if st, _ := invokeOn(t, c, br, "small", "application/octet-stream"); st != 200 {
+				t.Fatalf("the next request on the connection: %d", st)
+			}
+			switch got := seen.Load(); {
+			case tc.keptAtLeast == 0 && got > keptBody:
+				t.Errorf("after a listing of %d functions the next request found a buffer of %d bytes kept, want at most %d", tc.functions, got, keptBody)
+			case got < tc.keptAtLeast:
+				t.Errorf("after a listing of %d functions the next request found a buffer of %d bytes, want it kept for reuse", tc.functions, got)
+			}
+		})
+	}
+}
+
+// servedOn serves s on a loopback port until the test ends: its address.
+func servedOn(t *testing.T, s *Server) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s.Shutdown(ctx)
+	})
+	return ln.Addr().String()
+}
+
+// dialKept is a connection to addr, closed when the test ends, and its
+// reader: its requests are sent one after another on it.
+func dialKept(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	return c, bufio.NewReader(c)
 }

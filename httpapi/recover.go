@@ -24,6 +24,7 @@ import (
 // unknown.
 func (s *Server) recovered(h fasthttp.RequestHandler) fasthttp.RequestHandler {
 	return func(ctx *fasthttp.RequestCtx) {
+		defer dropLargeResponse(ctx) // last: a panic's answer is small
 		defer s.requestRecovered(ctx)
 		if !s.answerMarked(ctx) {
 			h(ctx)
