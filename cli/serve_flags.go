@@ -64,5 +64,15 @@ func checkPoolFlags(f *serveFlags, env *Env) error {
 	if f.idleTTL == 0 {
 		return usagef(env, "serve", "--idle-ttl 0s: want a positive duration, or a negative one to never release idle instances")
 	}
+	// Negative, these silently meant their 0: never re-read the records,
+	// cut the requests in flight at once on SIGTERM.
+	for _, c := range []struct {
+		name, zero string
+		v          time.Duration
+	}{{"poll", "never re-read", f.poll}, {"grace", "cut requests in flight at once", f.grace}} {
+		if c.v < 0 {
+			return usagef(env, "serve", "--%s %v: want 0 (%s) or a positive duration", c.name, c.v, c.zero)
+		}
+	}
 	return nil
 }

@@ -99,6 +99,8 @@ func TestServePoolFlagRefusals(t *testing.T) {
 		{"negative queue", []string{"--max-queue", "-5"}, "--max-queue -5: want 1 or more"},
 		{"negative warm instances", []string{"--min-instances", "-1"}, "--min-instances -1: want 0 (none kept warm) or more"},
 		{"idle ttl 0", []string{"--idle-ttl", "0"}, "--idle-ttl 0s: want a positive duration, or a negative one to never release idle instances"},
+		{"negative poll", []string{"--poll", "-5s"}, "--poll -5s: want 0 (never re-read) or a positive duration"},
+		{"negative grace", []string{"--grace", "-1s"}, "--grace -1s: want 0 (cut requests in flight at once) or a positive duration"},
 	} {
 		t.Run(tt.name, func(t *testing.T) { serveRefuses(t, tt.args, tt.want) })
 	}
