@@ -353,3 +353,45 @@ func TestIndexDoesNotWaitForTheLog(t *testing.T) {
 	close(h.release)
 	<-scanned
 }
+
+// A load or unload waiting for the turn (a scan holds it while its deploys
+// run, for minutes where bundles are large) is refused as the server stops
+// (Run's context ends), though its own context goes on: an HTTP request's
+// is the transport's, which a drain does not end. Before, it waited on and
+// deployed while the server went down, its "shutting down" refusal never
+// given.
+func TestAWaitForTheTurnEndsWithRun(t *testing.T) {
+	for _, tc := range []struct {
+		what string
+		call func(*Repository) error
+	}{
+		{"load", func(r *Repository) error { return r.Load(context.Background(), "cnn") }},
+		{"unload", func(r *Repository) error { return r.Unload(context.Background(), "cnn") }},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			models := filepath.Join(t.TempDir(), "models")
+			writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
+			age(t, models)
+			r, err := New(Config{Dir: models, Settle: time.Millisecond}, newFakeNode())
+			if err != nil {
+				t.Fatal(err)
+			}
+			cancel, done := runRepo(r)
+			defer func() { cancel(); <-done }()
+			<-r.Started()
+			r.turn <- struct{}{} // as a long scan holds it
+			defer r.give()
+			got := make(chan error, 1)
+			go func() { got <- tc.call(r) }()
+			cancel()
+			select {
+			case err := <-got:
+				if errdefs.KindOf(err) != errdefs.KindUnavailable || !strings.Contains(err.Error(), "shutting down") {
+					t.Fatalf("%s as the server stops: %v, want unavailable, shutting down", tc.what, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s still waits for the turn 10 s after Run's context ended", tc.what)
+			}
+		})
+	}
+}

@@ -103,10 +103,15 @@ type Repository struct {
 	// at a time (a load racing a poll would deploy twice); mu guards
 	// models and is never held across I/O, so the index answers while a
 	// scan deploys.
-	turn   chan struct{}
-	mu     sync.Mutex
-	models map[string]*model
-	scans  int // scans that read DIR: the first one counts a folder's first look
+	turn chan struct{}
+	// ended is closed when Run's context ends (the server's stop): a load
+	// or unload waiting for the turn gives up then, though its own
+	// context (an HTTP request's, which a drain does not end) goes on.
+	ended     chan struct{}
+	endedOnce sync.Once
+	mu        sync.Mutex
+	models    map[string]*model
+	scans     int // scans that read DIR: the first one counts a folder's first look
 	// epoch counts the deploys settled (settleLocked): a listing of the
 	// store taken at epoch e tells nothing of a model settled after e.
 	epoch uint64
@@ -263,7 +268,7 @@ func New(cfg Config, node Node) (*Repository, error) {
 		return nil, fmt.Errorf("--repository-name %q: a function name must match [a-z0-9][a-z0-9-]{0,62}", cfg.Name)
 	}
 	r := &Repository{cfg: cfg, node: node, top: filepath.Base(filepath.Clean(cfg.Dir)),
-		turn: make(chan struct{}, 1), models: map[string]*model{}, started: make(chan struct{}),
+		turn: make(chan struct{}, 1), ended: make(chan struct{}), models: map[string]*model{}, started: make(chan struct{}),
 		kicks: make(chan struct{}, 1), saves: make(chan struct{}, 1)}
 	r.removeTorn()
 	r.kept = r.readKept()
@@ -499,6 +504,8 @@ func (r *Repository) take(ctx context.Context) bool {
 	case r.turn <- struct{}{}:
 		return true
 	case <-ctx.Done():
+		return false
+	case <-r.ended:
 		return false
 	}
 }

@@ -21,6 +21,7 @@ const maxRetry = time.Minute
 // for the writes of the listings indexes took.
 func (r *Repository) Run(ctx context.Context) {
 	defer r.stop()
+	context.AfterFunc(ctx, r.end)
 	backoff := r.cfg.Settle
 	var settling, retrying bool
 	step := stepScan
@@ -96,11 +97,15 @@ const (
 // returns (plover serve's shutdown waits for Run): a deletion an index
 // saw would be lost, and the restart deploy the model again.
 func (r *Repository) stop() {
+	r.end()
 	r.mu.Lock()
 	r.stopped = true
 	r.mu.Unlock()
 	r.writes.Wait()
 }
+
+// end ends the waits for the turn: a load or unload refused then.
+func (r *Repository) end() { r.endedOnce.Do(func() { close(r.ended) }) }
 
 // scanned reports whether a scan read DIR.
 func (r *Repository) scanned() bool {
