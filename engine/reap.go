@@ -109,7 +109,9 @@ func (e *Engine) topUpNow(f *function, v *version) (err error) {
 			err = p
 		}
 	}()
-	return e.warmTaken(context.Background(), f, v) // v itself: a deploy meanwhile pre-warms its own
+	// Under the table's life, as a poll's warms are: Close ends a load
+	// under way rather than leaving it to spawn on closing devices.
+	return e.warmTaken(e.tab.life, f, v) // v itself: a deploy meanwhile pre-warms its own
 }
 
 // keepWarm is the instances topUp keeps v at: its min_instances once it
