@@ -90,9 +90,12 @@ func (p *proc) readOutput(r *os.File, stream string) {
 		case !over && (p.d.opts.Output != nil || p.lines.take(now)): // plover run: the author's own terminal
 			p.output(api.LogLine{Time: now, Stream: stream, PID: p.pid, Line: text, Truncated: cut})
 		default:
-			n, midLine, tail, serr := skipOutput(src, br, p.lines.readyAt(now), over)
+			n, size, midLine, tail, serr := skipOutput(src, br, p.lines.readyAt(now), over)
 			kept := lastLines(tail, outputResume)
 			n -= len(kept) // the tail's are passed on
+			for _, l := range kept {
+				size -= len(l) + 1
+			}
 			switch {
 			case !over:
 				n++ // the line that began the drop, read whole
@@ -105,7 +108,7 @@ func (p *proc) readOutput(r *os.File, stream string) {
 			rest = midLine
 			at := time.Now()
 			p.output(api.LogLine{Time: at, Stream: stream, PID: p.pid,
-				Line: fmt.Sprintf("[plover: %d lines not kept: this worker printed more than %d lines at once, or %d a second]", n, outputBurst, outputRate)})
+				Line: fmt.Sprintf("[plover: %d lines not kept (%d bytes): this worker printed more than %d lines at once, or %d a second]", n, max(size, 0), outputBurst, outputRate)})
 			// The drop's last lines, as a function's log keeps its last:
 			// what a worker printed last (as it failed, or finished) is
 			// what its author reads first.
@@ -131,10 +134,11 @@ func (p *proc) readOutput(r *os.File, stream string) {
 // about what the worker spent writing them, not a line's work each. It
 // stops at a line's end where it can (the bytes after it go back to br);
 // midLine says it stopped within a line, whose rest the caller drops. It
-// returns the lines it dropped, each counted at its end. inLine: it
+// returns the lines it dropped, each counted at its end, and the bytes
+// (a line that never ends is bytes and no line). inLine: it
 // begins within a line (an over-long one), whose rest it counts as one
 // and keeps none of in tail: it is no whole line.
-func skipOutput(src *outputSource, br *bufio.Reader, until time.Time, inLine bool) (lines int, midLine bool, tail []byte, err error) {
+func skipOutput(src *outputSource, br *bufio.Reader, until time.Time, inLine bool) (lines, size int, midLine bool, tail []byte, err error) {
 	r := src.r
 	midLine = inLine
 	headless := inLine
@@ -165,7 +169,7 @@ func skipOutput(src *outputSource, br *bufio.Reader, until time.Time, inLine boo
 	nl := []byte{'\n'}
 	if n := br.Buffered(); n > 0 {
 		chunk, _ := br.Peek(n)
-		lines, midLine = bytes.Count(chunk, nl), chunk[n-1] != '\n'
+		lines, midLine, size = bytes.Count(chunk, nl), chunk[n-1] != '\n', n
 		keep(chunk)
 		br.Discard(n)
 	}
@@ -176,7 +180,7 @@ func skipOutput(src *outputSource, br *bufio.Reader, until time.Time, inLine boo
 			// until the budget has room: what a drop costs the server is
 			// bounded, whatever the worker spends writing.
 			time.Sleep(time.Until(until))
-			return lines, midLine, tail, nil
+			return lines, size, midLine, tail, nil
 		}
 		n := copy(buf, src.left)
 		src.left = src.left[n:]
@@ -187,7 +191,7 @@ func skipOutput(src *outputSource, br *bufio.Reader, until time.Time, inLine boo
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				err = nil
 			}
-			return lines, midLine, tail, err
+			return lines, size, midLine, tail, err
 		}
 		read += n
 		chunk := buf[:n]
@@ -195,9 +199,10 @@ func skipOutput(src *outputSource, br *bufio.Reader, until time.Time, inLine boo
 			if i := bytes.LastIndexByte(chunk, '\n'); i >= 0 {
 				src.left = chunk[i+1:]
 				keep(chunk[:i+1])
-				return lines + bytes.Count(chunk[:i+1], nl), false, tail, nil
+				return lines + bytes.Count(chunk[:i+1], nl), size + i + 1, false, tail, nil
 			}
 		}
+		size += n
 		keep(chunk)
 		lines += bytes.Count(chunk, nl)
 		midLine = chunk[n-1] != '\n'

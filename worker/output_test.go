@@ -330,19 +330,21 @@ func waitHeard(t *testing.T, p device.Program) {
 // countedOutput is a device.Output that counts the lines passed on and
 // sums the drops they report.
 type countedOutput struct {
-	mu             sync.Mutex
-	passed, report int
-	lines          []api.LogLine
+	mu                    sync.Mutex
+	passed, report, bytes int
+	lines                 []api.LogLine
 }
 
-var notKept = regexp.MustCompile(`^\[plover: (\d+) lines not kept: `)
+var notKept = regexp.MustCompile(`^\[plover: (\d+) lines not kept \((\d+) bytes\): `)
 
 func (c *countedOutput) Add(l api.LogLine) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if m := notKept.FindStringSubmatch(l.Line); m != nil {
 		n, _ := strconv.Atoi(m[1])
+		b, _ := strconv.Atoi(m[2])
 		c.report += n
+		c.bytes += b
 	} else {
 		c.passed++
 	}
@@ -435,7 +437,7 @@ func TestAnUnendingLineIsWithinTheBudget(t *testing.T) {
 	if err := runOnce(t, p, m, []byte("x"), 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	var report, passed int
+	var report, passed, dropped int
 	poll(t, 20*time.Second, func() (bool, string) {
 		out.mu.Lock()
 		defer out.mu.Unlock()
@@ -443,13 +445,19 @@ func TestAnUnendingLineIsWithinTheBudget(t *testing.T) {
 		if n := len(out.lines); n > 0 {
 			last = out.lines[n-1].Line
 		}
-		report, passed = out.report, out.passed
+		report, passed, dropped = out.report, out.passed, out.bytes
 		return last == "long line done", fmt.Sprintf("the output's last line %.60q, want %q; %d passed on, %d counted dropped", last, "long line done", passed, report)
 	})
 	// The line and "long line done": the line dropped and counted (its
 	// start is not passed on), the last passed on.
 	if report != 1 || passed != 1 {
 		t.Errorf("%d lines passed on and %d counted dropped, want the last passed and the long one dropped", passed, report)
+	}
+	// The drop says its bytes: the line's rest past the budget, megabytes
+	// where its count alone said one line (or none, for a drop that ended
+	// before the line did).
+	if dropped < 1<<20 || dropped > mib<<20 {
+		t.Errorf("the drops report %d bytes not kept, want the long line's rest past the budget, 1 to %d MiB", dropped, mib)
 	}
 }
 
