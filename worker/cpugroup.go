@@ -19,6 +19,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/nicelevel"
+	"github.com/plover-run/plover/worker/contain"
 )
 
 // CPUGroups gives each worker process a CPU weight that follows its
@@ -261,7 +262,7 @@ func sweep(parent string, log *slog.Logger, servers ...string) {
 	des, _ := os.ReadDir(parent)
 	for _, de := range des {
 		pid, ok := strings.CutPrefix(de.Name(), "plover-")
-		if n, err := strconv.Atoi(pid); !ok || err != nil || !de.IsDir() || processExists(n) {
+		if n, err := strconv.Atoi(pid); !ok || err != nil || !de.IsDir() || !contain.Exited(n) {
 			continue
 		}
 		dir := filepath.Join(parent, de.Name())
@@ -305,11 +306,6 @@ func removeGroups(dir string) {
 		}
 	}
 	os.Remove(dir)
-}
-
-func processExists(pid int) bool {
-	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
-	return err == nil
 }
 
 // Weight is a function's CPU weight relative to a default function's 1:

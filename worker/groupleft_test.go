@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/plover-run/plover/worker/contain"
 )
 
 // A group an earlier worker of the same pid left holding a process that
@@ -75,28 +77,61 @@ func TestLeftoverGroupThatCannotBeEmptiedFailsNothing(t *testing.T) {
 // plover-<dead server>/<worker>. The next server's sweep kills it, in
 // each hierarchy, and removes the groups; before, it removed only empty
 // groups, and the process lived on, its groups with it. Against the
-// node's v1 cpu and pids hierarchies.
+// node's v1 cpu and pids hierarchies. A server dead and not yet reaped (a
+// zombie: its supervisor reaps late) is dead too: its /proc entry made
+// the sweep take it for a live server and leave its groups and what they
+// held until the restart after.
 func TestSweepEndsWhatADeadServerLeftInItsGroups(t *testing.T) {
 	cpuHome, pidsHome := nodeHomes(t)
-	dead := deadServer()
-	inCPU := leftIn(t, filepath.Join(cpuHome, dead, "7"))
-	inPids := leftIn(t, filepath.Join(pidsHome, dead, "7-1"))
-	cpu := nodeCPUGroupsV1(t)
-	pids := NewPidGroups(cgroupRoot, 64, 0, cpu, nil)
-	t.Cleanup(pids.Close)
-	if m := pids.Mechanism(); m != "cgroup v1" {
-		t.Skipf("pids bounded by %s here: want a writable cgroup v1 pids hierarchy", m)
+	for _, tc := range []struct {
+		what string
+		dead func(*testing.T) string
+	}{
+		{"gone", func(*testing.T) string { return deadServer() }},
+		{"a zombie", func(t *testing.T) string { return fmt.Sprintf("plover-%d", zombieProcess(t)) }},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			dead := tc.dead(t)
+			inCPU := leftIn(t, filepath.Join(cpuHome, dead, "7"))
+			inPids := leftIn(t, filepath.Join(pidsHome, dead, "7-1"))
+			cpu := nodeCPUGroupsV1(t)
+			pids := NewPidGroups(cgroupRoot, 64, 0, cpu, nil)
+			t.Cleanup(pids.Close)
+			if m := pids.Mechanism(); m != "cgroup v1" {
+				t.Skipf("pids bounded by %s here: want a writable cgroup v1 pids hierarchy", m)
+			}
+			for _, l := range []*leftover{inCPU, inPids} {
+				select {
+				case <-l.done:
+				case <-time.After(10 * time.Second):
+					t.Fatalf("a killed server's leftover %d in %s lives on after the next server's sweep", l.cmd.Process.Pid, l.dir)
+				}
+				if _, err := os.Stat(filepath.Dir(l.dir)); !os.IsNotExist(err) {
+					t.Errorf("the killed server's group %s is still there: %v", filepath.Dir(l.dir), err)
+				}
+			}
+		})
 	}
-	for _, l := range []*leftover{inCPU, inPids} {
-		select {
-		case <-l.done:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("a killed server's leftover %d in %s lives on after the next server's sweep", l.cmd.Process.Pid, l.dir)
-		}
-		if _, err := os.Stat(filepath.Dir(l.dir)); !os.IsNotExist(err) {
-			t.Errorf("the killed server's group %s is still there: %v", filepath.Dir(l.dir), err)
+}
+
+// zombieProcess is the pid of a child that exited and is not reaped until
+// the test ends.
+func zombieProcess(t *testing.T) int {
+	t.Helper()
+	c := exec.Command("/bin/true")
+	if err := c.Start(); err != nil {
+		t.Skip(err)
+	}
+	t.Cleanup(func() { c.Wait() })
+	for end := time.Now().Add(10 * time.Second); !contain.Exited(c.Process.Pid); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("child %d did not exit in 10 s", c.Process.Pid)
 		}
 	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", c.Process.Pid)); err != nil {
+		t.Fatalf("the zombie %d has no /proc entry: %v", c.Process.Pid, err)
+	}
+	return c.Process.Pid
 }
 
 // A server's groups whose plover-<pid> names no process this one sees,

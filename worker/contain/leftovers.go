@@ -50,6 +50,14 @@ func (s *Spawner) Record(path string) error {
 	return nil
 }
 
+// Exited reports whether process pid has ended: no such process, or one
+// dead and not yet reaped (a zombie keeps its /proc entry and its start
+// time until its parent waits for it, and a supervisor may reap late).
+func Exited(pid int) bool {
+	f := statFields(pid)
+	return len(f) == 0 || f[0] == "Z" || f[0] == "X"
+}
+
 // ErrServerRunning is EndLeftovers's answer when the server that wrote
 // the record still runs: nothing of its is touched.
 var ErrServerRunning = errors.New("the server that wrote it still runs")
@@ -76,7 +84,7 @@ func EndLeftovers(path string) (int, error) {
 	if n, _ := fmt.Sscanf(string(b), "%d %d %s", &pid, &start, &tag); n != 3 || len(tag) < 32 {
 		return 0, fmt.Errorf("contain: leftovers: %s: not a server record: %.80q", path, b)
 	}
-	if _, now, ok := statOf(pid); ok && now == start {
+	if _, now, ok := statOf(pid); ok && now == start && !Exited(pid) {
 		return 0, fmt.Errorf("contain: leftovers: %s: %w (pid %d)", path, ErrServerRunning, pid)
 	}
 	var killed []int // pidfds, -1 where the kernel has none
