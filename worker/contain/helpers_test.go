@@ -104,6 +104,8 @@ func runChild(mode string) {
 		childReach()
 	case "reach-sockets":
 		childReachSockets()
+	case "reach-ns":
+		childReachNamespaces()
 	case "stray-server":
 		childStrayServer()
 	default:

@@ -36,6 +36,20 @@ import (
 // filter cannot read, so clone3 fails with ENOSYS, on which glibc (its
 // pthread_create, posix_spawn) falls back to clone; Go uses clone.
 //
+// It refuses unshare and setns outright, and clone with any of
+// cloneNamespaces (EPERM): a user namespace of its own gives a process
+// every capability there (a review's probe: CapEff 000001ffffffffff
+// after unshare(CLONE_NEWUSER) in a worker's child), and with a network
+// namespace of its own CAP_NET_ADMIN over it, which opens the kernel's
+// nf_tables, tc, xfrm and rtnetlink code to it (an nf_tables batch was
+// acked): the classic way from an unprivileged process to the kernel's
+// bugs (CVE-2024-1086). Nothing in the worker needs them after Enter:
+// the setns and the namespaces of a worker's start (Spawner.Start) are
+// the server's, made before the worker's exec, and the CUDA driver makes
+// none. unshare without a namespace's flag (CLONE_FILES, CLONE_FS) is
+// refused too: nothing a function needs does it, and one comparison
+// covers every flag, those of kernels to come included.
+//
 // It refuses prctl(PR_SET_CHILD_SUBREAPER) (EPERM), whatever the value:
 // Enter made the worker a subreaper before this filter (with subreapers),
 // and a bundle that cleared the flag had what it orphaned (a double fork's
@@ -162,6 +176,8 @@ func reachFilter(arch, pid, pgrp uint32) []unix.SockFilter {
 	}
 	a.jeq(unix.SYS_PRCTL, "prctl", "")
 	a.jeq(unix.SYS_SETSID, "no", "")
+	a.jeq(unix.SYS_UNSHARE, "no", "")
+	a.jeq(unix.SYS_SETNS, "no", "")
 	a.jeq(unix.SYS_SETPRIORITY, "prio", "")
 	a.jeq(unix.SYS_IOPRIO_SET, "ioprio", "")
 	for _, nr := range selfCalls {
@@ -197,10 +213,11 @@ func reachFilter(arch, pid, pgrp uint32) []unix.SockFilter {
 	a.jeq(0, "ok", "")
 	a.jeq(pid, "ok", "no")
 
-	// clone's flags, on amd64 and arm64
+	// clone's flags, on amd64 and arm64: the kernel reads their low 32
+	// bits, as this does.
 	a.label("clone")
 	a.ld(seccompArg0)
-	a.jset(unix.CLONE_PARENT, "no", "ok")
+	a.jset(unix.CLONE_PARENT|cloneNamespaces, "no", "ok")
 
 	// socket's and socketpair's domain, an int, so the kernel reads the
 	// argument's low 32 bits, as this does.
@@ -254,6 +271,14 @@ var selfCalls = []uint32{
 	unix.SYS_PRLIMIT64,
 	unix.SYS_SCHED_SETSCHEDULER, unix.SYS_SCHED_SETPARAM, unix.SYS_SCHED_SETATTR, unix.SYS_SCHED_SETAFFINITY,
 }
+
+// cloneNamespaces are clone's flags that make a namespace for the child.
+// CLONE_NEWTIME is not among them: its bit (0x80) is in clone's CSIGNAL
+// byte, which the kernel takes as the child's exit signal, never as a
+// flag, so clone cannot make a time namespace (a child of clone(0x80 |
+// SIGCHLD) is in its parent's); only unshare and clone3 can, both refused.
+const cloneNamespaces = unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET |
+	unix.CLONE_NEWIPC | unix.CLONE_NEWUTS | unix.CLONE_NEWCGROUP
 
 // ioprioWhoProcess is ioprio_set's IOPRIO_WHO_PROCESS (linux/ioprio.h),
 // which golang.org/x/sys does not name.

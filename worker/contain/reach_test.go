@@ -86,7 +86,7 @@ func childReach() {
 			_, _, e := unix.RawSyscall(unix.SYS_CLONE3, 0, 0, 0)
 			return e
 		}},
-	}, schedCalls(other)...) {
+	}, append(schedCalls(other), nsCalls()...)...) {
 		err := c.call()
 		var e unix.Errno
 		switch {
@@ -134,7 +134,9 @@ func takeReachFilter() bool {
 
 // rawClone forks with clone(flags|SIGCHLD); the child exits at once, by a
 // raw call (a forked Go process has none of its threads), and is reaped
-// where it is this process's.
+// where it is this process's: by __WALL, as flags may change the exit
+// signal (their low byte is ORed into it), and a child that signals
+// anything but SIGCHLD is a "clone" child, which wait4 otherwise skips.
 func rawClone(flags uintptr) error {
 	pid, _, e := unix.RawSyscall(unix.SYS_CLONE, flags|uintptr(unix.SIGCHLD), 0, 0)
 	if e != 0 {
@@ -145,7 +147,7 @@ func rawClone(flags uintptr) error {
 	}
 	if flags&unix.CLONE_PARENT == 0 {
 		var ws unix.WaitStatus
-		unix.Wait4(int(pid), &ws, 0, nil)
+		unix.Wait4(int(pid), &ws, unix.WALL, nil)
 	}
 	return nil
 }
@@ -186,7 +188,9 @@ func inChild(trap, a, b uintptr) error {
 // a child made its parent's (CLONE_PARENT) and clone3, and lets other
 // clones by; System V IPC and the keyrings are ENOSYS (before, a worker's
 // segment outlived it and another tenant's worker read it: a review's
-// probe).
+// probe). It refuses a namespace of its own to a process without any
+// capability, as a worker is (before, a user namespace gave a worker's
+// child every capability in it: a review's probe), and setns.
 func TestRestrictReach(t *testing.T) {
 	other := exec.Command("sleep", "60")
 	if err := other.Start(); err != nil {
@@ -220,6 +224,11 @@ func TestRestrictReach(t *testing.T) {
 		// A child of this process's parent (the server's) is out of its
 		// worker's tree; clone3 is left to glibc's fallback to clone.
 		"clone-parent": "EPERM", "clone": "ok", "fork-exec": "ok", "clone3": "ENOSYS",
+		// A user namespace is every capability in it, and with a network
+		// namespace CAP_NET_ADMIN over it (nf_tables, tc, xfrm). More
+		// in TestRestrictReachRefusesNamespaces.
+		"unshare-user": "EPERM", "unshare-user-net": "EPERM", "unshare-net": "EPERM", "clone-user": "EPERM",
+		"clone-user-net": "EPERM", "setns-own-net": "EPERM", "setns-bad-fd": "EPERM", "clone-time-bit": "ok",
 		// A session of its own is an autogroup of its own, at nice 0
 		// (a review's probe: a tenant's setsid children took 0.76-1.45
 		// CPUs beside an honest one's 0.61); a process group is none.
@@ -262,10 +271,7 @@ func TestRestrictReach(t *testing.T) {
 // before and after taking no_new_privs and the reach filter, and prints
 // one "before|after name errno" line each ("ok" for none).
 func childReachSockets() {
-	calls := []struct {
-		name string
-		call func() error
-	}{
+	beforeAndAfter([]reachCall{
 		{"inet-dgram", sock(unix.AF_INET, unix.SOCK_DGRAM, 0)},
 		{"inet6-stream", sock(unix.AF_INET6, unix.SOCK_STREAM, 0)},
 		{"inet-icmp", sock(unix.AF_INET, unix.SOCK_DGRAM, unix.IPPROTO_ICMP)},
@@ -292,7 +298,14 @@ func childReachSockets() {
 			}
 			return unix.Close(int(fd))
 		}},
-	}
+	})
+}
+
+// beforeAndAfter makes each call before and after taking no_new_privs and
+// the reach filter, and prints one "before|after name errno" line each
+// ("ok" for none): what the kernel answers without the filter shows that
+// a refusal after it is the filter's.
+func beforeAndAfter(calls []reachCall) {
 	run := func(when string) {
 		for _, c := range calls {
 			fmt.Printf("%s %s %s\n", when, c.name, outcome(c.call()))
@@ -303,6 +316,27 @@ func childReachSockets() {
 		return
 	}
 	run("after")
+}
+
+// beforeAndAfterLines runs cmd, a child that prints beforeAndAfter's
+// lines, and returns them by "before|after name"; it skips the test where
+// the kernel has no seccomp filters.
+func beforeAndAfterLines(t *testing.T, cmd *exec.Cmd) (map[string]string, []byte) {
+	t.Helper()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), "unsupported") {
+		t.Skip("this kernel has no seccomp filters")
+	}
+	got := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if f := strings.Fields(l); len(f) == 3 {
+			got[f[0]+" "+f[1]] = f[2]
+		}
+	}
+	return got, out
 }
 
 // sock makes a socket and closes it.
@@ -347,19 +381,7 @@ func sockpair(family int) func() error {
 // without socket(2) (IORING_OP_SOCKET), answers ENOSYS, as on a kernel
 // without it.
 func TestRestrictReachRefusesNetworkSockets(t *testing.T) {
-	out, err := childCommand(t, "reach-sockets").CombinedOutput()
-	if err != nil {
-		t.Fatalf("child: %v\n%s", err, out)
-	}
-	if strings.Contains(string(out), "unsupported") {
-		t.Skip("this kernel has no seccomp filters")
-	}
-	got := map[string]string{}
-	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		if f := strings.Fields(l); len(f) == 3 {
-			got[f[0]+" "+f[1]] = f[2]
-		}
-	}
+	got, out := beforeAndAfterLines(t, childCommand(t, "reach-sockets"))
 	// Without the filter the kernel makes these (this test's own
 	// sockets): what the filter refuses is then refused by it.
 	for _, name := range []string{"inet-dgram", "inet6-stream", "unix-stream"} {
