@@ -466,6 +466,14 @@ PLOVER_ENTRY(clone_parent) {
   put(s, msg);
 }
 
+// child_errno reaps child c, which exits with the errno of the call it
+// made (0 for none), and returns that errno, or -1 if c did not exit.
+static int child_errno(pid_t c) {
+  int st = 0;
+  while (waitpid(c, &st, 0) < 0 && errno == EINTR) {}
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 // new_session: a child that calls setsid(), which would put it in a
 // scheduling group of its own where the kernel schedules sessions as
 // groups (autogroups, at nice 0: out of its worker's weight); writes
@@ -475,15 +483,40 @@ PLOVER_ENTRY(new_session) {
   pid_t c = fork();
   if (c < 0) { plover_fail(s, "new_session: fork failed"); return; }
   if (c == 0) _exit(setsid() < 0 ? errno : 0);
-  int st = 0;
-  while (waitpid(c, &st, 0) < 0 && errno == EINTR) {}
-  if (!WIFEXITED(st)) { plover_fail(s, "new_session: the child did not exit"); return; }
-  int e = WEXITSTATUS(st);
+  int e = child_errno(c);
+  if (e < 0) { plover_fail(s, "new_session: the child did not exit"); return; }
   const char *name = errno_name(e);
   char msg[64];
   if (e == 0) snprintf(msg, sizeof msg, "new_session: OK");
   else if (name != NULL) snprintf(msg, sizeof msg, "new_session: %s", name);
   else snprintf(msg, sizeof msg, "new_session: errno=%d", e);
+  put(s, msg);
+}
+
+// namespaces: asks for a user and a network namespace of its own, where a
+// process holds every capability, CAP_NET_ADMIN over its network among
+// them (nf_tables, tc, xfrm: the kernel's code most often found exploitable
+// by an unprivileged process), by unshare in a forked child (the kernel
+// refuses unshare(CLONE_NEWUSER) to a process of more than one thread, as
+// a worker is) and by a clone into them. Writes "unshare=OK clone=OK", an
+// errno's name in place of OK where a call failed.
+PLOVER_ENTRY(namespaces) {
+  (void)grid; (void)block;
+  const long flags = CLONE_NEWUSER | CLONE_NEWNET;
+  pid_t c = fork();
+  if (c < 0) { plover_fail(s, "namespaces: fork failed"); return; }
+  if (c == 0) _exit(unshare((int)flags) < 0 ? errno : 0);
+  int unshared = child_errno(c);
+  // A raw clone, fork's way: the child only exits.
+  long d = syscall(SYS_clone, flags | SIGCHLD, 0, 0, 0, 0);
+  if (d == 0) _exit(0);
+  int cloned = d < 0 ? errno : child_errno((pid_t)d);
+  auto name = [](int e) -> const char * {
+    const char *n = e == 0 ? "OK" : e > 0 ? strerrorname_np(e) : NULL;
+    return n != NULL ? n : "?";
+  };
+  char msg[64];
+  snprintf(msg, sizeof msg, "unshare=%s clone=%s", name(unshared), name(cloned));
   put(s, msg);
 }
 
