@@ -326,9 +326,20 @@ func (g *CPUGroups) reboost(groups []*Group, now time.Time, cpus float64) {
 	}
 	spreadIO(uses)
 	boosts, recs := lightBoosts(uses, cpus)
-	for i, b := range boosts {
-		groups[i].keepRecord(recs[i])
-		groups[i].setBoost(b)
+	g.setBoosts(groups, boosts, recs)
+}
+
+// setBoosts gives groups their boosts and records: every worker's own
+// level first, then their trees' (walk), so that a worker's large tree
+// (a walk took up to a second) holds off none of the others' boosts.
+func (g *CPUGroups) setBoosts(groups []*Group, boosts []bool, recs []lightRecord) {
+	walks := make([]treeWalk, len(groups))
+	for i, c := range groups {
+		c.keepRecord(recs[i])
+		walks[i] = c.boostTo(boosts[i])
+	}
+	for i, c := range groups {
+		c.walk(walks[i])
 	}
 }
 
@@ -407,7 +418,7 @@ func (c *Group) outsideSince(now map[string]time.Duration, window float64) map[s
 }
 
 // sessions gives the autogroups of c's tree level, at each change
-// (reniceTree) and each window (use): a process of the tree that made a
+// (walk) and each window (use): a process of the tree that made a
 // session of its own (setsid: the worker's seccomp filter refuses it, so
 // only where the kernel has no seccomp filters) since would run in a new
 // group at nice 0, the server's weight, until the worker's next; and the
@@ -434,22 +445,27 @@ func (c *Group) keepRecord(r lightRecord) {
 	c.mu.Unlock()
 }
 
-// setBoost boosts c, or ends its boost, writing its weight if that changed.
-func (c *Group) setBoost(on bool) {
+// setBoost boosts c, or ends its boost, writing its weight if that
+// changed, its tree's included.
+func (c *Group) setBoost(on bool) { c.walk(c.boostTo(on)) }
+
+// boostTo is setBoost but for the walk through the tree, which it
+// returns.
+func (c *Group) boostTo(on bool) treeWalk {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed || c.dying || c.unweighed || on == c.boosted || c.base <= 0 {
-		return
+		return treeWalk{}
 	}
 	c.boosted = on
-	c.write(true)
+	return c.write(true)
 }
 
 // cpuTime is the CPU time the group's processes used so far: the group's
 // own count under cgroup v2, and under v1 where cpuacct is mounted with
 // cpu; else the sum of its processes' (their own and their reaped
 // children's): under v1 those in the group, with nice levels those of
-// tree (Group.tree: the worker's, and what it left to its PID namespace's
+// tree (treeOf: the worker's, and what it left to its PID namespace's
 // init). A function that spins in a child of its worker is counted (unless
 // the child is reaped where its time is lost: SIGCHLD ignored), as the
 // group's weight applies to the whole group.
@@ -622,9 +638,11 @@ func statFields(path string) ([]string, error) {
 
 // boostState is a Group's part in the boost: its weight as its function
 // sets it, whether it runs boosted, and its last read of its process's CPU
-// time. mu orders the boost loop's writes with the worker's own (which
-// hold the worker's lock too) and with its exit: once closed, nothing is
-// written (with nice levels its pid may come to be another process's).
+// time. mu orders the boost loop's writes with the worker's own and with
+// its exit: once closed, nothing is written (with nice levels its pid may
+// come to be another process's). With nice levels a write's walk through
+// the tree takes it a process at a time (walk); gen ends the walk of a
+// write that a later one superseded.
 type boostState struct {
 	mu       sync.Mutex
 	root     int // nice levels: where the worker's tree starts (Group.Tree)
@@ -635,6 +653,7 @@ type boostState struct {
 	record   lightRecord // its windows so far (lightBoosts)
 	dying    bool        // Dying was called: it is being killed, no boost
 	closed   bool
+	gen      uint64 // the writes so far (walk)
 	cpu      time.Duration
 	readAt   time.Time
 	seen     map[string]time.Duration // outside time by function at readAt (outsideOf)

@@ -397,9 +397,7 @@ func (g *CPUGroups) Place(pid int, w float64) *Group {
 	if off {
 		// The weights went off while this one was being placed, after
 		// fail's sweep had read the live groups: it is its own sweep.
-		c.mu.Lock()
-		c.unweigh()
-		c.mu.Unlock()
+		c.unweighNow()
 	}
 	return c
 }
@@ -438,9 +436,7 @@ func (g *CPUGroups) fail(self *Group, err error, msg string, args ...any) {
 	g.mu.Unlock()
 	g.unslice()
 	for _, c := range live {
-		c.mu.Lock()
-		c.unweigh()
-		c.mu.Unlock()
+		c.unweighNow()
 	}
 }
 
@@ -477,7 +473,10 @@ func (c *Group) Dying() {
 	defer c.mu.Unlock()
 	if !c.closed {
 		c.base, c.dying, c.boosted = 1, true, false
-		c.write(false) // its tree is being killed: no walk through it
+		// Its tree is being killed: no walk through it, not even the one
+		// the weights going off would make (unweigh), which would hold
+		// the kill's caller (proc.killFor holds the worker's lock).
+		_ = c.write(false)
 	}
 }
 
@@ -500,12 +499,14 @@ func (c *Group) setWeight(w float64, names []string) {
 		return
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed || c.dying { // Dying's weight stands
+		c.mu.Unlock()
 		return
 	}
 	c.base, c.names, c.function = w, names, strings.Join(names, ",")
-	c.write(true)
+	walk := c.write(true)
+	c.mu.Unlock()
+	c.walk(walk)
 }
 
 // setNames sets the functions the worker runs, of which the boost asks
@@ -521,14 +522,16 @@ func (c *Group) setNames(names []string) {
 	}
 }
 
-// write writes c's weight, under c.mu; with nice levels, on the processes
-// of its tree too when tree is set. Once the weights are off it writes
-// the server's weight, once (unweigh).
-func (c *Group) write(tree bool) {
+// write writes c's weight, under c.mu, and with nice levels returns the
+// walk that gives the processes of its tree the level when tree is set,
+// for the caller to make once it released c.mu (walk). Once the weights
+// are off it writes the server's weight, once (unweigh). Every write ends
+// the walks of the ones before it: what it writes is the tree's level now.
+func (c *Group) write(tree bool) treeWalk {
 	if !c.g.On() {
-		c.unweigh()
-		return
+		return c.unweigh()
 	}
+	c.gen++
 	w := c.base
 	if c.boosted {
 		w *= c.g.boost
@@ -543,19 +546,19 @@ func (c *Group) write(tree bool) {
 			c.g.ag.set(c.pid, level)
 		} else if !errors.Is(err, syscall.ESRCH) {
 			c.g.fail(c, fmt.Errorf("renice worker %d to %d: %w", c.pid, level, err), "cannot set a worker's nice level", "function", c.function, "pid", c.pid)
-			c.unweigh()
-			return
+			return c.unweigh()
 		}
 		if tree {
-			c.reniceTree(level)
+			return c.walkTo(level)
 		}
-		return
+		return treeWalk{}
 	}
 	err := os.WriteFile(filepath.Join(c.dir, c.g.file), []byte(c.g.value(w)), 0o644)
 	if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ESRCH) {
 		c.g.fail(c, fmt.Errorf("weigh worker %d: %w", c.pid, err), "cannot set a worker's CPU weight", "function", c.function, "pid", c.pid)
-		c.unweigh()
+		return c.unweigh()
 	}
+	return treeWalk{}
 }
 
 // unweigh gives c the server's weight, under c.mu, once the weights are
@@ -564,12 +567,14 @@ func (c *Group) write(tree bool) {
 // v2 its group holds its pids and memory limits too), at the server's
 // cpu.shares or cpu.weight; with nice levels, at the server's level, or,
 // where a level cannot be taken back down, at the one they have (logged).
-// A write that fails is logged, not tried again.
-func (c *Group) unweigh() {
+// A write that fails is logged, not tried again. It returns the walk
+// that gives the tree the level (write).
+func (c *Group) unweigh() treeWalk {
 	if c.closed || c.unweighed {
-		return
+		return treeWalk{}
 	}
 	c.unweighed, c.boosted = true, false
+	c.gen++
 	why := c.g.whyOff()
 	if !c.g.nice {
 		err := os.WriteFile(filepath.Join(c.dir, c.g.file), []byte(strconv.Itoa(int(c.g.units().hi))), 0o644)
@@ -580,24 +585,34 @@ func (c *Group) unweigh() {
 			c.g.log.Warn("worker CPU weights off, but a worker keeps its function's weight", "function", c.function, "pid", c.pid,
 				"error", fmt.Errorf("weigh worker %d as the server: %w", c.pid, err), "why", why)
 		}
-		return
+		return treeWalk{}
 	}
 	level := c.g.base
 	if !c.g.lower && c.level > level {
 		c.g.log.Warn("worker CPU weights off, but a worker keeps its nice level: a level cannot be taken back down here (no CAP_SYS_NICE)",
 			"function", c.function, "pid", c.pid, "nice", c.level, "server_nice", level, "why", why)
-		return
+		return treeWalk{}
 	}
 	_, err := renice(c.pid, level, c.slicing(), !c.g.lower)
 	switch {
 	case err == nil:
 		c.level = level
-		c.reniceTree(level)
 		c.g.log.Info("worker nice level set to the server's, the weights being off", "function", c.function, "pid", c.pid, "nice", level, "why", why)
+		return c.walkTo(level)
 	case !errors.Is(err, syscall.ESRCH):
 		c.g.log.Warn("worker CPU weights off, but a worker keeps its nice level", "function", c.function, "pid", c.pid, "nice", c.level,
 			"error", fmt.Errorf("renice worker %d to %d: %w", c.pid, level, err), "why", why)
 	}
+	return treeWalk{}
+}
+
+// unweighNow gives c the server's weight (unweigh), taking c.mu, and
+// then its tree without it.
+func (c *Group) unweighNow() {
+	c.mu.Lock()
+	walk := c.unweigh()
+	c.mu.Unlock()
+	c.walk(walk)
 }
 
 // whyOff is the failure that turned the weights off (nil: on).

@@ -26,7 +26,7 @@ import (
 // With raiseOnly (no CAP_SYS_NICE: a level cannot be taken back down) a
 // thread already at a higher level than n (one that raised its own) is
 // left there: lowering it would fail. changed says whether it set any
-// thread (reniceTree's passes end on a pass that set none).
+// thread (a tree's walk ends on a pass that set none).
 func renice(pid, n int, sl slicing, raiseOnly bool) (changed bool, err error) {
 	return nicelevel.Settle(reniceRounds, func() (set bool, err error) {
 		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
@@ -144,5 +144,5 @@ func raisedOr(tid, n int, raiseOnly bool, err error) error {
 }
 
 // reniceRounds bounds renice's passes over a process's threads, and
-// reniceTree's over a worker's processes.
+// a tree's walk's over a worker's processes (Group.walk).
 const reniceRounds = 10

@@ -596,7 +596,7 @@ func TestACatchUpStopsWhenTheLevelChanges(t *testing.T) {
 // A process of a worker's tree found at a level other than the worker's
 // is set to it at the next window's reading (use): one forked as its
 // parent was set copies the old level as the fork begins and shows in
-// /proc only as it ends, after reniceTree's last pass (tens of
+// /proc only as it ends, after a walk's last pass (tens of
 // milliseconds for a large address space: at a boost's end, one child in
 // each of 5 was left at the boosted level, for good). Where levels only
 // rise, one above the worker's raised its own and is left there.
