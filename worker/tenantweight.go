@@ -85,15 +85,52 @@ func (p *proc) weighLoop() {
 
 // reweigh gives p's CPU group the weight of its busy programs (idle ones
 // are let go here) when that changed, and says whether any is busy still
-// and whether it wrote. It runs on weighLoop alone. The write is made under
-// p's mu, as kill's is, and never once the process exited (its group goes,
-// and with nice levels its pid may come to be another process's) or was
-// killed (Dying gave its group a default function's weight, so that it
-// ends soon whatever its functions' weights).
+// and whether it wrote. It runs on weighLoop alone. The weight is decided
+// under p's mu, and never written once the process exited (its group
+// goes, and with nice levels its pid may come to be another process's) or
+// was killed (Dying gave its group a default function's weight, so that
+// it ends soon whatever its functions' weights). It is written after p's
+// mu is let go: with nice levels the write walks the worker's whole tree
+// (Group.walk: up to a second), and every run takes p's mu twice (its CPU
+// readings, cpuNow) and a kill at a deadline once. The group's own lock
+// orders the write with the exit and the kill instead: Exited closes the
+// group before the reap, and Dying's weight stands against any write.
 func (p *proc) reweigh(now time.Time) (busy, changed bool) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	var sum, top float64
+	sum, busy := p.busyWeight(now)
+	if p.exited || p.killed.Load() != nil {
+		p.mu.Unlock()
+		return busy, false
+	}
+	// The boost asks the server of every function the worker holds (an
+	// idle one moves no bytes and floods nothing), whichever are busy and
+	// whether or not the weight changes: the busy set changes while their
+	// weights' sum stays.
+	all := make([]string, 0, len(p.tenant.progs))
+	for _, g := range p.tenant.progs {
+		all = append(all, g.name)
+	}
+	slices.Sort(all)
+	cg := p.cgroup
+	changed = sum != 0 && sum != p.tenant.weighed
+	if changed {
+		p.tenant.weighed = sum
+		p.tenant.writes.Add(1)
+	}
+	p.mu.Unlock()
+	if !changed {
+		cg.setNames(all)
+		return busy, false
+	}
+	cg.setWeight(sum, all)
+	return busy, true
+}
+
+// busyWeight is the weight of p's busy programs, letting go those idle for
+// a window, or the heaviest program's where none is busy (then busy is
+// false). Under p.mu.
+func (p *proc) busyWeight(now time.Time) (sum float64, busy bool) {
+	var top float64
 	for _, g := range p.tenant.progs {
 		top = max(top, g.weight)
 		if !g.busy.Load() {
@@ -119,24 +156,5 @@ func (p *proc) reweigh(now time.Time) (busy, changed bool) {
 	if !busy {
 		sum = top
 	}
-	if p.exited || p.killed.Load() != nil {
-		return busy, false
-	}
-	// The boost asks the server of every function the worker holds (an
-	// idle one moves no bytes and floods nothing), whichever are busy and
-	// whether or not the weight changes: the busy set changes while their
-	// weights' sum stays.
-	all := make([]string, 0, len(p.tenant.progs))
-	for _, g := range p.tenant.progs {
-		all = append(all, g.name)
-	}
-	slices.Sort(all)
-	if sum == 0 || sum == p.tenant.weighed {
-		p.cgroup.setNames(all)
-		return busy, false
-	}
-	p.tenant.weighed = sum
-	p.tenant.writes.Add(1)
-	p.cgroup.setWeight(sum, all)
-	return busy, true
+	return sum, busy
 }
