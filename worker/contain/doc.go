@@ -11,11 +11,12 @@
 // of its data directory left running (EndLeftovers).
 //
 // The worker side, first thing after it starts and before any tenant
-// code runs, gives up privileges (Enter), takes a seccomp filter that
-// keeps it off other processes' limits and nice levels, off the network
-// and out of namespaces of its own, where it would hold capabilities
-// (RestrictReach) and, once it knows which bundle it serves,
-// confines its filesystem view with Landlock (RestrictFS).
+// code runs, makes itself the OOM killer's first choice and gives up
+// privileges (Enter), takes a seccomp filter that keeps it off other
+// processes' limits and nice levels, off the network and out of
+// namespaces of its own, where it would hold capabilities
+// (RestrictReach) and, once it knows which bundle it serves, confines its
+// filesystem view with Landlock (RestrictFS).
 //
 // Every per-thread kernel attribute this package changes in the worker
 // (capability sets, no_new_privs, the parent-death signal, the Landlock

@@ -60,6 +60,23 @@ static long plover_stat_ppid(void) {
 	return strtol(p + 4, NULL, 10);
 }
 
+// plover_oom_first makes this process the OOM killer's first choice, as
+// Enter makes a worker (contain.OOMScoreAdj; the "1000" here is that
+// constant). Best effort: the init runs no bundle code, and where it
+// cannot set its score (no writable /proc) its worker cannot either, and
+// fails its start (Enter) with the reason, which the init has no way to
+// tell.
+static void plover_oom_first(void) {
+	int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+	if (fd < 0) {
+		return;
+	}
+	if (write(fd, "1000", 4) != 4) {
+		// Nothing to do: best effort.
+	}
+	close(fd);
+}
+
 // plover_pidns_init is a worker namespace's init: it says it is ready on
 // stdout, then reaps whatever is orphaned into it until it is killed, by
 // the server (the worker ended) or by its parent-death signal (the server
@@ -72,6 +89,7 @@ static void plover_pidns_init(int argc, char **argv) {
 			parent = strtol(argv[i + 1], NULL, 10);
 		}
 	}
+	plover_oom_first();
 	sigset_t chld;
 	sigemptyset(&chld);
 	sigaddset(&chld, SIGCHLD);

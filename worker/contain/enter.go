@@ -121,7 +121,8 @@ type Policy struct {
 var ErrParentGone = errors.New("contain: parent process is gone")
 
 // Enter strips the worker of every privilege before any tenant code can
-// run: with Drop set and running as root it leaves all supplementary
+// run: it makes the worker the OOM killer's first choice (OOMScoreAdj);
+// with Drop set and running as root it leaves all supplementary
 // groups and switches to Drop's gid and uid; in any case it empties the
 // ambient, inheritable, permitted and effective capability sets and
 // (where CAP_SETPCAP allows) the bounding set, so that neither this
@@ -151,6 +152,13 @@ func Enter(p Policy) error {
 		if p.Drop.UID == 0 {
 			return errors.New("contain: enter: refusing to drop privileges to uid 0")
 		}
+	}
+
+	// First, while a root worker still holds CAP_SYS_RESOURCE: written
+	// with it, the score is also the least the process may later set
+	// without it, so the bundle cannot take it back down.
+	if err := beOOMVictim(); err != nil {
+		return fmt.Errorf("contain: enter: %w", err)
 	}
 
 	// Ambient capabilities would survive the uid switch for programs we

@@ -32,6 +32,7 @@ type enterReport struct {
 	CTID         int
 	Checks       map[string]string
 	RTPrioRaised bool // RLIMIT_RTPRIO was raised above 0 before Enter
+	SysResource  bool // CAP_SYS_RESOURCE was held before Enter
 	Applied      bool
 	LandlockTest bool
 	// EarlyBnd is the main thread's bounding set before Enter: empty
@@ -110,6 +111,7 @@ func childEnterDrop() {
 	// As a systemd unit's LimitRTPRIO or limits.conf's rtprio would give
 	// the server, where this may raise it (CAP_SYS_RESOURCE).
 	rep.RTPrioRaised = unix.Setrlimit(unix.RLIMIT_RTPRIO, &unix.Rlimit{Cur: 10, Max: 10}) == nil
+	rep.SysResource, _ = hasEffectiveCap(unix.CAP_SYS_RESOURCE)
 	if err := Enter(Policy{Drop: &Identity{UID: nobody, GID: nobody}, ParentPID: os.Getppid()}); err != nil {
 		rep.Err = err.Error()
 		report(rep)
@@ -119,6 +121,7 @@ func childEnterDrop() {
 	rep.PdeathPre = ask()
 
 	rep.Checks["setresuid-root"] = outcome(syscall.Setresuid(0, 0, 0))
+	oomChecks(&rep)
 	var nice unix.Rlimit
 	unix.Getrlimit(unix.RLIMIT_NICE, &nice)
 	rep.Checks["rlimit-nice"] = fmt.Sprintf("%d %d", nice.Cur, nice.Max)
@@ -155,7 +158,33 @@ func childEnterDrop() {
 	rep.Checks["bundle-openat"] = tryOpenat(int(bundle.Fd()), "file")
 	rep.Checks["bundle-proc-path"] = tryRead(fmt.Sprintf("/proc/self/fd/%d/file", bundle.Fd()))
 	rep.Checks["other-openat"] = tryOpenat(int(other.Fd()), "file")
+	rep.Checks["oom-score-adj-landlocked"] = tryLowerOOMScore()
 	report(rep)
+}
+
+// oomChecks reports the OOM score adjustment Enter left and, where the
+// process held CAP_SYS_RESOURCE before it (the kernel then makes the
+// score the least it may set without), what lowering it again does.
+func oomChecks(rep *enterReport) {
+	score, err := OOMScore(os.Getpid())
+	rep.Checks["oom-score-adj"] = strconv.Itoa(score)
+	if err != nil {
+		rep.Checks["oom-score-adj"] = outcome(err)
+	}
+	if rep.SysResource {
+		rep.Checks["oom-score-adj-lower"] = tryLowerOOMScore()
+	}
+}
+
+// tryLowerOOMScore tries to set the process's OOM score adjustment to 0
+// as a program the bundle runs could: dumpable again (exec makes it so),
+// its /proc files its own. It leaves the process non-dumpable.
+func tryLowerOOMScore() string {
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 1, 0, 0, 0); err != nil {
+		return "PR_SET_DUMPABLE: " + outcome(err)
+	}
+	defer unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	return outcome(os.WriteFile(oomScoreAdjFile, []byte("0"), 0))
 }
 
 func TestEnterDropsPrivileges(t *testing.T) {
@@ -254,6 +283,16 @@ func checkEnterDrop(t *testing.T, as, secret string, dirs []string) {
 		"parent-environ":        "EACCES",
 		"other-before-landlock": "ok",
 		"bundle-real-path":      "EACCES",
+		// The OOM killer takes it before the server.
+		"oom-score-adj": strconv.Itoa(OOMScoreAdj),
+	}
+	// Nor can it take that back: the kernel keeps a score written with
+	// CAP_SYS_RESOURCE as the least it may set without, and Landlock
+	// keeps /proc read-only.
+	if rep.SysResource {
+		want["oom-score-adj-lower"] = "EACCES"
+	} else {
+		t.Log("no CAP_SYS_RESOURCE here: the kernel's floor under the OOM score is not tested")
 	}
 	if rep.LandlockTest {
 		if !rep.Applied {
@@ -262,6 +301,7 @@ func checkEnterDrop(t *testing.T, as, secret string, dirs []string) {
 		want["bundle-openat"] = "ok"
 		want["bundle-proc-path"] = "ok"
 		want["other-openat"] = "EACCES"
+		want["oom-score-adj-landlocked"] = "EACCES"
 	}
 	for k, w := range want {
 		if got := rep.Checks[k]; got != w {

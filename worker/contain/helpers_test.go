@@ -98,6 +98,8 @@ func runChild(mode string) {
 		childTreeMiddle()
 	case "tree-daemon":
 		childTreeDaemon()
+	case "init-oom":
+		childInitOOM()
 	case "deep-chain":
 		childDeepChain()
 	case "reach":

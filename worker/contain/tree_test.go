@@ -292,3 +292,67 @@ func waitArgv(t *testing.T, c *exec.Cmd) {
 	}
 	t.Fatalf("pid %d never showed argv %q", c.Process.Pid, want)
 }
+
+type initOOMReport struct {
+	Err                  string
+	Init, Worker, Server int // OOM score adjustments
+}
+
+// childInitOOM starts a stand-in worker, one that enters no containment,
+// in a PID namespace, and reports the OOM score adjustments of its
+// namespace's init, once that is OOMScoreAdj or 10 s passed (the init
+// sets its own as it starts, which a Start does not wait for), of the
+// worker and of itself, the server.
+func childInitOOM() {
+	sp := NewSpawner()
+	var rep initOOMReport
+	if c, why := sp.Contain(true); c != PIDNamespace {
+		rep.Err = fmt.Sprintf("no PID namespace here (%s: %v)", c, why)
+		report(rep)
+		return
+	}
+	w := selfCommand("sleeper")
+	w.Args = append(append([]string{os.Args[0], "worker"}, sp.WorkerArgs()...), w.Args[1:]...)
+	tree, err := sp.Start(w)
+	if err != nil {
+		die("start: %v", err)
+	}
+	defer func() { KillGroup(w.Process.Pid); tree.Kill(); w.Wait(); tree.Release() }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if rep.Init, err = OOMScore(tree.Root()); err != nil {
+			die("the init's score: %v", err)
+		}
+		if rep.Init == OOMScoreAdj || time.Now().After(deadline) {
+			break
+		}
+	}
+	if rep.Worker, err = OOMScore(w.Process.Pid); err != nil {
+		die("the worker's score: %v", err)
+	}
+	if rep.Server, err = OOMScore(os.Getpid()); err != nil {
+		die("the server's score: %v", err)
+	}
+	report(rep)
+}
+
+// A worker's PID namespace's init is the OOM killer's first choice too,
+// by its own doing: a worker that entered nothing has the server's, which
+// is left as it was.
+func TestPIDNamespaceInitIsTheOOMKillersFirstChoice(t *testing.T) {
+	t.Parallel()
+	server, err := OOMScore(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep initOOMReport
+	runJSONChild(t, &rep, "init-oom")
+	if rep.Err != "" {
+		t.Skip(rep.Err)
+	}
+	if rep.Init != OOMScoreAdj {
+		t.Errorf("the namespace's init's oom_score_adj is %d 10 s after its start, want %d", rep.Init, OOMScoreAdj)
+	}
+	if rep.Worker != server || rep.Server != server {
+		t.Errorf("oom_score_adj of a worker that entered nothing %d, of the server %d; want both the test's, %d", rep.Worker, rep.Server, server)
+	}
+}
