@@ -2,9 +2,7 @@ package main_test
 
 import (
 	"fmt"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -43,61 +41,6 @@ PLOVER_ENTRY(fork_fill) {
 }
 `
 
-// pidsCgroup makes a cgroup v1 pids group of max tasks for the test
-// (skipping it where the machine has none or it cannot be written) and
-// returns its directory; Cleanup kills what is left in it and in the
-// groups the server made inside it (processes this test started) and
-// removes them.
-func pidsCgroup(t *testing.T, max int) string {
-	t.Helper()
-	root := "/sys/fs/cgroup/pids"
-	if _, err := os.Stat(filepath.Join(root, "cgroup.procs")); err != nil {
-		t.Skipf("no cgroup v1 pids hierarchy at %s: %v", root, err)
-	}
-	dir := filepath.Join(root, "plover-test-"+randHex(4))
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Skipf("cannot make a pids cgroup: %v", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.Itoa(max)), 0o644); err != nil {
-		os.Remove(dir)
-		t.Skipf("cannot set pids.max: %v", err)
-	}
-	t.Cleanup(func() {
-		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-			groups := groupTree(dir)
-			for _, g := range groups {
-				b, _ := os.ReadFile(filepath.Join(g, "cgroup.procs"))
-				for _, f := range strings.Fields(string(b)) {
-					if pid, err := strconv.Atoi(f); err == nil {
-						syscall.Kill(pid, syscall.SIGKILL)
-					}
-				}
-			}
-			for i := len(groups) - 1; i >= 0; i-- { // the innermost first
-				os.Remove(groups[i])
-			}
-			if _, err := os.Stat(dir); os.IsNotExist(err) {
-				return
-			}
-		}
-		t.Errorf("cannot remove the test's cgroup %s", dir)
-	})
-	return dir
-}
-
-// groupTree is cgroup dir and the groups inside it, each before those
-// inside it.
-func groupTree(dir string) []string {
-	out := []string{dir}
-	kids, _ := os.ReadDir(dir)
-	for _, k := range kids {
-		if k.IsDir() {
-			out = append(out, groupTree(filepath.Join(dir, k.Name()))...)
-		}
-	}
-	return out
-}
-
 // TestPidsForkingBundleStaysInItsWorker: a function's bundle that forks
 // until fork fails is stopped at its worker's bound (--worker-max-pids: a
 // pids cgroup per worker), so another tenant's function still starts a
@@ -112,22 +55,9 @@ func TestPidsForkingBundleStaysInItsWorker(t *testing.T) {
 		t.Skip("builds binaries and starts servers")
 	}
 	const serverMax, workerMax = 256, 64
-	cg := pidsCgroup(t, serverMax)
-	bin := buildPlover(t)
+	cg := testCgroup(t, "pids", "pids.max", strconv.Itoa(serverMax))
 	lib := testkit.BuildLib(t, writeTemp(t, "forkfill.cu", forkFillSource), t.TempDir(), "forkfill.so", "-Wall")
-	args := []string{"--isolation", "process", "--standby-workers", "0", "--worker-max-pids", strconv.Itoa(workerMax)}
-	data := t.TempDir()
-	// The wrapper joins the cgroup, then execs the server: the server is
-	// the process the harness watches.
-	cmd := exec.Command("/bin/sh", "-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, cg, bin, "serve", "--listen", "127.0.0.1:0", "--data", data, "--device", "host")
-	cmd.Args = append(cmd.Args, args...)
-	h := &isoHarness{mode: "process", bin: bin, hostile: lib, args: args, client: &http.Client{Timeout: 20 * time.Second}}
-	t.Cleanup(func() { // after the server's stop (registered later, run earlier)
-		if h.srv != nil {
-			removeCPUGroups(h.srv.pid)
-		}
-	})
-	h.srv = startIsoCmd(t, cmd, data)
+	h := serveInCgroup(t, cg, lib, "--isolation", "process", "--standby-workers", "0", "--worker-max-pids", strconv.Itoa(workerMax))
 	h.srv.waitLog(t, "worker tasks bounded by a pids cgroup per worker")
 
 	victim := testkit.BundleDir(t, testkit.Manifest("victim"), nil)

@@ -105,6 +105,24 @@ static void leave_group(void) {
   if (setsid() < 0) setpgid(0, 0);
 }
 
+// input_name is the input as a process name (PR_SET_NAME's 15 bytes at
+// most, NUL-terminated): a test finds the processes by /proc/PID/comm.
+static void input_name(plover_state_t *s, char name[16]) {
+  memset(name, 0, 16);
+  size_t n = s->input.len < 15 ? s->input.len : 15;
+  memcpy(name, s->input.dat, n);
+}
+
+// touch_mib maps and touches n MiB, or returns NULL. Only system calls:
+// a forked child of a threaded process may use no more.
+static char *touch_mib(size_t n) {
+  size_t size = n << 20;
+  char *p = (char *)mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  for (size_t i = 0; i < size; i += 4096) p[i] = 1;
+  return p;
+}
+
 // A null pointer the compiler cannot see through, so the store below is a
 // real write to address 0 (not folded into a trap instruction).
 static int *volatile null_ptr = NULL;
@@ -555,9 +573,8 @@ PLOVER_ENTRY(helpers) {
 // sleeps for ever. Writes "daemonized" once the child exited.
 PLOVER_ENTRY(daemonize) {
   (void)grid; (void)block;
-  char name[16] = {0};
-  size_t n = s->input.len < sizeof name - 1 ? s->input.len : sizeof name - 1;
-  memcpy(name, s->input.dat, n);
+  char name[16];
+  input_name(s, name);
   pid_t c = fork();
   if (c < 0) { plover_fail(s, "daemonize: fork failed"); return; }
   if (c == 0) {
@@ -898,9 +915,8 @@ PLOVER_ENTRY(whoami) {
 // it all, or "killed by signal N" if the child died first (reaped here).
 PLOVER_ENTRY(fork_hog) {
   (void)block;
-  char name[16] = {0};
-  size_t n = s->input.len < sizeof name - 1 ? s->input.len : sizeof name - 1;
-  memcpy(name, s->input.dat, n);
+  char name[16];
+  input_name(s, name);
   int ready[2];
   if (pipe(ready) != 0) { plover_fail(s, "fork_hog: pipe failed"); return; }
   pid_t c = fork();
@@ -909,10 +925,7 @@ PLOVER_ENTRY(fork_hog) {
     // Only system calls after a fork in a threaded process: no malloc.
     close(ready[0]);
     prctl(PR_SET_NAME, name, 0, 0, 0);
-    size_t size = (size_t)grid << 20;
-    char *p = (char *)mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) _exit(1);
-    for (size_t i = 0; i < size; i += 4096) p[i] = 1;
+    if (touch_mib((size_t)grid) == NULL) _exit(1);
     char b = 1;
     while (write(ready[1], &b, 1) < 0 && errno == EINTR) {}
     for (;;) pause();
@@ -928,6 +941,28 @@ PLOVER_ENTRY(fork_hog) {
   char msg[64];
   snprintf(msg, sizeof msg, "killed by signal %d", WIFSIGNALED(st) ? WTERMSIG(st) : 0);
   put(s, msg);
+}
+
+// fork_swarm: forks `grid` children, named by the input (PR_SET_NAME, 15
+// bytes at most), each of which maps and touches `block` MiB and holds it
+// for ever: processes each smaller than the server, whose sum is not. Then
+// it maps and touches as much again itself, and writes "survived" should
+// it get that far: under a memory limit below that, the kernel's OOM
+// killer ends it first (or its children, or whatever else it picks).
+PLOVER_ENTRY(fork_swarm) {
+  char name[16];
+  input_name(s, name);
+  for (int i = 0; i < grid; i++) {
+    pid_t c = fork();
+    if (c < 0) { plover_fail(s, "fork_swarm: fork failed"); return; }
+    if (c == 0) {
+      prctl(PR_SET_NAME, name, 0, 0, 0);
+      if (touch_mib((size_t)block) == NULL) _exit(1);
+      for (;;) pause();
+    }
+  }
+  if (touch_mib((size_t)grid * (size_t)block) == NULL) { plover_fail(s, "fork_swarm: mmap failed"); return; }
+  put(s, "survived");
 }
 
 // hide_memory: writes `grid` MiB into a memfd it keeps open and never maps:

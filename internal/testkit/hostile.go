@@ -15,7 +15,7 @@ import (
 // echo (well-behaved), segv, abort_now, exit_zero, sigterm_self,
 // overflow_out, spin, sleep_long, close_fds, fork_accept, threads, daemonize, new_session, env,
 // read_file, memscan, signal_pid, connect_tcp, send_udp, poke, whoami,
-// hog_memory, fork_hog and hide_memory.
+// hog_memory, fork_hog, fork_swarm and hide_memory.
 // Build it with BuildLib.
 func HostileSource() string { return filepath.Join(Root(), "internal", "testkit", "hostile.cu") }
 
