@@ -99,8 +99,9 @@ func Serve(cfg Config) error {
 // message says so).
 var reachFiltered bool
 
-// containSelf enters the worker's containment: its identity, death with
-// the server, not dumpable, default fatal signals.
+// containSelf enters the worker's containment: the OOM killer's first
+// choice, its identity, death with the server, not dumpable, default
+// fatal signals.
 func containSelf(cfg Config) error {
 	parent := cfg.ParentPID
 	if cfg.PIDNS {
