@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,7 +22,9 @@ import (
 // With every process at oom_score_adj 0 the kernel's OOM killer took the
 // largest, the server, and every tenant with it; with a worker's at 1000
 // it takes the swarm's processes, at last its worker, and the server and
-// another function's worker go on.
+// another function's worker go on. With PID namespaces and with subreapers:
+// a namespace's init at 1000 alone would do (its end takes the whole
+// namespace), subreapers have none.
 func TestOOMKillerTakesAWorkerNotTheServer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds binaries and starts servers")
@@ -32,10 +35,24 @@ func TestOOMKillerTakesAWorkerNotTheServer(t *testing.T) {
 	if s, err := contain.OOMScore(os.Getpid()); err != nil || s == contain.OOMScoreAdj {
 		t.Skipf("the test runs at oom_score_adj %d (%v): the server would be at the workers' score", s, err)
 	}
+	lib := testkit.BuildLib(t, testkit.HostileSource(), t.TempDir(), "hostile.so", "-Wall")
+	for _, tc := range []struct{ trees, flag, log string }{
+		{"pid namespaces", "--pid-namespaces=true", "a PID namespace per worker"},
+		{"subreapers", "--pid-namespaces=false", "child subreapers"},
+	} {
+		t.Run(tc.trees, func(t *testing.T) { swarmBesideServer(t, lib, tc.flag, tc.log) })
+	}
+}
+
+// swarmBesideServer runs the swarm beside a server in a memory group of
+// its own, with flag, whose log says trees.
+func swarmBesideServer(t *testing.T, lib, flag, trees string) {
 	const limitMiB, children, childMiB = 600, 40, 20
 	cg := testCgroup(t, "memory", "memory.limit_in_bytes", strconv.Itoa(limitMiB<<20))
-	lib := testkit.BuildLib(t, testkit.HostileSource(), t.TempDir(), "hostile.so", "-Wall")
-	h := serveInCgroup(t, cg, lib, "--isolation", "process", "--standby-workers", "0")
+	h := serveInCgroup(t, cg, lib, "--isolation", "process", "--standby-workers", "0", flag)
+	if !strings.Contains(h.srv.log.String(), trees) {
+		t.Skipf("the server's worker process trees are not %s here:\n%s", trees, h.srv.log)
+	}
 	h.mustDeployDir(t, testkit.BundleDir(t, testkit.Manifest(goodName), nil))
 	h.expectEcho(t, "before the swarm")
 	h.mustDeploy(t, hostileManifest("swarm", launch("fork_swarm", children, childMiB)), lib)

@@ -908,6 +908,36 @@ PLOVER_ENTRY(whoami) {
   put(s, msg);
 }
 
+// fork_holder forks a child named name that maps and touches mib MiB and
+// holds it for ever (*child: its pid). It returns 1 once the child holds
+// it all, 0 if the child died first (not reaped), -1 if it could not fork.
+static int fork_holder(const char *name, size_t mib, pid_t *child) {
+  int ready[2];
+  if (pipe(ready) != 0) return -1;
+  pid_t c = fork();
+  if (c < 0) {
+    close(ready[0]);
+    close(ready[1]);
+    return -1;
+  }
+  if (c == 0) {
+    // Only system calls after a fork in a threaded process: no malloc.
+    close(ready[0]);
+    prctl(PR_SET_NAME, name, 0, 0, 0);
+    if (touch_mib(mib) == NULL) _exit(1);
+    char b = 1;
+    while (write(ready[1], &b, 1) < 0 && errno == EINTR) {}
+    for (;;) pause();
+  }
+  *child = c;
+  close(ready[1]);
+  char b;
+  ssize_t r;
+  while ((r = read(ready[0], &b, 1)) < 0 && errno == EINTR) {}
+  close(ready[0]);
+  return r == 1;
+}
+
 // fork_hog: forks a child, named by the input (PR_SET_NAME, 15 bytes at
 // most: a test finds it by /proc/PID/comm), that maps and touches `grid`
 // MiB and holds it for ever: memory outside the worker process, which its
@@ -917,25 +947,10 @@ PLOVER_ENTRY(fork_hog) {
   (void)block;
   char name[16];
   input_name(s, name);
-  int ready[2];
-  if (pipe(ready) != 0) { plover_fail(s, "fork_hog: pipe failed"); return; }
-  pid_t c = fork();
-  if (c < 0) { plover_fail(s, "fork_hog: fork failed"); return; }
-  if (c == 0) {
-    // Only system calls after a fork in a threaded process: no malloc.
-    close(ready[0]);
-    prctl(PR_SET_NAME, name, 0, 0, 0);
-    if (touch_mib((size_t)grid) == NULL) _exit(1);
-    char b = 1;
-    while (write(ready[1], &b, 1) < 0 && errno == EINTR) {}
-    for (;;) pause();
-  }
-  close(ready[1]);
-  char b;
-  ssize_t r;
-  while ((r = read(ready[0], &b, 1)) < 0 && errno == EINTR) {}
-  close(ready[0]);
-  if (r == 1) { put(s, "held"); return; }
+  pid_t c;
+  int held = fork_holder(name, (size_t)grid, &c);
+  if (held < 0) { plover_fail(s, "fork_hog: pipe or fork failed"); return; }
+  if (held) { put(s, "held"); return; }
   int st = 0;
   while (waitpid(c, &st, 0) < 0 && errno == EINTR) {}
   char msg[64];
@@ -944,25 +959,27 @@ PLOVER_ENTRY(fork_hog) {
 }
 
 // fork_swarm: forks `grid` children, named by the input (PR_SET_NAME, 15
-// bytes at most), each of which maps and touches `block` MiB and holds it
-// for ever: processes each smaller than the server, whose sum is not. Then
-// it maps and touches as much again itself, and writes "survived" should
-// it get that far: under a memory limit below that, the kernel's OOM
-// killer ends it first (or its children, or whatever else it picks).
+// bytes at most), one after the other, each of which maps and touches
+// `block` MiB and holds it for ever: processes each smaller than the
+// server, whose sum is not. Once each child holds its memory or died (the
+// OOM killer), it maps and touches as much as all of them itself, and
+// writes "survived: H held, D died" should it get that far: under a memory
+// limit below that the kernel's OOM killer ends it first, or whatever else
+// it picks.
 PLOVER_ENTRY(fork_swarm) {
   char name[16];
   input_name(s, name);
+  int held = 0;
   for (int i = 0; i < grid; i++) {
-    pid_t c = fork();
-    if (c < 0) { plover_fail(s, "fork_swarm: fork failed"); return; }
-    if (c == 0) {
-      prctl(PR_SET_NAME, name, 0, 0, 0);
-      if (touch_mib((size_t)block) == NULL) _exit(1);
-      for (;;) pause();
-    }
+    pid_t c;
+    int r = fork_holder(name, (size_t)block, &c);
+    if (r < 0) { plover_fail(s, "fork_swarm: pipe or fork failed"); return; }
+    held += r;
   }
   if (touch_mib((size_t)grid * (size_t)block) == NULL) { plover_fail(s, "fork_swarm: mmap failed"); return; }
-  put(s, "survived");
+  char msg[64];
+  snprintf(msg, sizeof msg, "survived: %d held, %d died", held, grid - held);
+  put(s, msg);
 }
 
 // hide_memory: writes `grid` MiB into a memfd it keeps open and never maps:
