@@ -19,7 +19,8 @@ import (
 // that forked children each a little smaller than the server had the
 // server taken, the largest, and every tenant with it. At 1000 a worker's
 // process counts as the whole of the group's memory more than its own, so
-// even the smallest of them goes before a server at 0.
+// every one of them ranks above a server at 0, and the killer takes the
+// largest of them.
 //
 // Raising it needs no privilege; the server's own score is left as it is
 // (lowering it takes CAP_SYS_RESOURCE, and in a pod the kubelet sets it).
@@ -32,9 +33,11 @@ const oomScoreAdjFile = "/proc/self/oom_score_adj"
 // reads it back. Written while the process holds CAP_SYS_RESOURCE (a root
 // worker before Enter drops it), it is also the least the process may set
 // again without that capability (the kernel's oom_score_adj_min), so
-// nothing the worker runs can lower it. A worker without that capability
-// (a server not root) could lower it to the server's own, by a write that
-// the Landlock rules refuse (/proc is read-only to it).
+// nothing the worker runs can lower it. A worker that never held it (a
+// server not root, or a container's root, whose default set leaves it
+// out) keeps the floor it inherited, the server's, down to which a
+// program it runs (dumpable again, its /proc files its own) could lower
+// it, by a write that the Landlock rules refuse (/proc is read-only).
 func beOOMVictim() error {
 	want := strconv.Itoa(OOMScoreAdj)
 	if err := os.WriteFile(oomScoreAdjFile, []byte(want), 0); err != nil {
