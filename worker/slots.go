@@ -180,17 +180,7 @@ var dropWait, dropBound = 10 * time.Second, 10 * time.Second
 // unpin, a control channel busy past dropWait) leaves it to its program's
 // or worker's end, as before.
 func (g *program) dropDiscarded(s *poolSlot) {
-	ctx, cancel := context.WithTimeout(context.Background(), dropWait)
-	defer cancel()
-	raw, err := g.p.callTurn(ctx, dropBound, g, wire.Control{Op: wire.OpDropSlot, Prog: g.id, Slot: s.id}, nil, "dropping a discarded slot")
-	var rep wire.Reply
-	if err == nil {
-		rep, err = g.reply(wire.OpDropSlot, raw, "dropping a discarded slot")
-	}
-	if err == nil && rep.St != wire.StOK {
-		err = wire.ErrorOf(rep.St, rep.Text)
-	}
-	if err != nil {
+	if err := g.dropInWorker(s, "dropping a discarded slot"); err != nil {
 		// A worker gone or a program unloading frees the slot anyway: only
 		// a live worker's refusal keeps memory longer than expected.
 		log := g.d.opts.Log.Debug
@@ -205,6 +195,33 @@ func (g *program) dropDiscarded(s *poolSlot) {
 		g.keepDiscarded(s)
 		return
 	}
+	g.forgetSlot(s)
+}
+
+// dropInWorker has g's worker unregister (unpin) and unmap pool slot s,
+// which the caller took out of the pool's free and all and no run is on;
+// during says why, for a call that fails or hangs.
+func (g *program) dropInWorker(s *poolSlot, during string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), dropWait)
+	defer cancel()
+	raw, err := g.p.callTurn(ctx, dropBound, g, wire.Control{Op: wire.OpDropSlot, Prog: g.id, Slot: s.id}, nil, during)
+	var rep wire.Reply
+	if err == nil {
+		rep, err = g.reply(wire.OpDropSlot, raw, during)
+	}
+	if err == nil && rep.St != wire.StOK {
+		err = wire.ErrorOf(rep.St, rep.Text)
+	}
+	if err != nil {
+		return fmt.Errorf("slot %d: %w", s.id, err)
+	}
+	return nil
+}
+
+// forgetSlot unmaps and uncounts slot s, which its worker dropped: its
+// bytes mapped and pinned there, its place in the pool's count, the
+// server's mapping.
+func (g *program) forgetSlot(s *poolSlot) {
 	pool := &g.slots
 	g.p.dropSlot(s.size(), s.pinned, true) // unmapped before its answer
 	pool.mu.Lock()
