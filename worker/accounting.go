@@ -239,5 +239,8 @@ func (d *Device) watch() {
 			}
 		}
 		clear(watched) // no proc kept alive past its tick
+		if tick%sweepTicks == 0 {
+			d.sweepSlots(time.Now())
+		}
 	}
 }

@@ -87,6 +87,8 @@ type Options struct {
 	// sampling replaces the periods of workers' figures (a zero field:
 	// its constant, statsEvery...): tests shorten them.
 	sampling sampling
+	// slotIdle replaces slotIdleBound (0: it): tests shorten it.
+	slotIdle time.Duration
 	// env is added to every worker's environment: tests set the fake
 	// driver's variables (FAKECUDA_*) there.
 	env []string
@@ -100,6 +102,7 @@ type Device struct {
 	opts    Options
 	used    atomic.Int64
 	pin     pinning // the slots' pinned memory (pin.go)
+	pools   poolSet // programs with pool slots, for the sweep (slotidle.go)
 	standby chan *proc
 	refill  chan struct{}
 	started chan standbyStart // keepStandby's starts in flight report here

@@ -25,7 +25,9 @@ import (
 // functions it runs, its own in function scope, and in tenant scope every
 // function of its tenant's (each of their bundles can write the whole
 // process's memory, these slots too), never another tenant's. A slot is
-// never lent again before its response is out.
+// never lent again before its response is out, and one left free past an
+// idle bound is given back, so that a burst's slots do not stay for the
+// worker's life (slotidle.go).
 
 // maxPoolSlots bounds a program's pool slots: runs in flight on its
 // instances plus requests queued or uploading beyond them. Past it a body
@@ -47,6 +49,9 @@ type slotPool struct {
 	// discarded holds the slots taken out of use (Discard), still counted
 	// (the bound holds for the memory mapped), unmapped with the rest.
 	discarded []*poolSlot
+	// refusedIdle: its live worker refused to drop an idle slot (its
+	// device did not unpin it), which is logged once (slotidle.go).
+	refusedIdle bool
 }
 
 // poolSlot is one pool slot, seen from the server.
@@ -58,6 +63,10 @@ type poolSlot struct {
 	out    int64
 	pinned int64 // bytes its worker pinned (0: none)
 	lent   atomic.Bool
+	// freeAt is when it last went back to the pool's free (under the
+	// pool's mu): the sweep gives back one free past the idle bound
+	// (slotidle.go).
+	freeAt time.Time
 	// discarded: never lent again (Discard); it goes back to the pool's
 	// discarded, not its free.
 	discarded atomic.Bool
@@ -143,10 +152,12 @@ func (s *poolSlot) replied() {
 
 func (s *poolSlot) giveBack() {
 	pool := &s.g.slots
+	now := time.Now()
 	pool.mu.Lock()
 	if !pool.dead && s.g.p.alive() {
 		switch {
 		case !s.discarded.Load():
+			s.freeAt = now
 			pool.free = append(pool.free, s)
 		case s.inRun.Load() || pool.dropped:
 			pool.discarded = append(pool.discarded, s)
@@ -192,7 +203,7 @@ func (g *program) dropDiscarded(s *poolSlot) {
 			what = "its pinned memory"
 		}
 		log("a worker did not drop a discarded request slot: "+what+" stays counted until the function's program unloads", "function", g.name, "pid", g.p.pid, "error", err)
-		g.keepDiscarded(s)
+		g.keepSlot(s, false)
 		return
 	}
 	g.forgetSlot(s)
@@ -230,16 +241,23 @@ func (g *program) forgetSlot(s *poolSlot) {
 	unix.Munmap(s.mem)
 }
 
-// keepDiscarded puts back a discarded slot its worker did not drop, for
-// the program's end to let go of as it does the others (closeSlots,
-// dropSlots), or does what they did already if they ran meanwhile.
-func (g *program) keepDiscarded(s *poolSlot) {
+// keepSlot puts back a slot its worker did not drop, for the program's
+// end to let go of as it does the others (closeSlots, dropSlots), or
+// does what they did already if they ran meanwhile. free: an idle slot,
+// whole, goes back to the free ones, as just freed (the sweep asks again
+// after another bound); else a discarded one to the discarded.
+func (g *program) keepSlot(s *poolSlot, free bool) {
 	pool := &g.slots
+	now := time.Now()
 	pool.mu.Lock()
 	dead, dropped := pool.dead, pool.dropped
-	if dead {
+	switch {
+	case dead:
 		pool.count--
-	} else {
+	case free:
+		s.freeAt = now
+		pool.free = append(pool.free, s)
+	default:
 		pool.discarded = append(pool.discarded, s)
 	}
 	if !dropped {
@@ -263,7 +281,8 @@ var _ device.Lender = (*program)(nil)
 
 // Lend lends a pool slot of maxIn input and out output bytes (a program's
 // instances all have its manifest's sizes), making one if none is free and
-// the pool has room: a control call the first time, the slot reused after.
+// the pool has room: a control call the first time, the slot reused after
+// until it stays free past the idle bound (slotidle.go).
 // False when the worker is gone, the pool is full, or a slot would have to
 // be made while the worker's control channel stays busy past lendWait:
 // Lend is called before a request's body is read, and a longer wait would
@@ -313,6 +332,7 @@ func (g *program) Lend(maxIn, out int64) (device.Slot, bool) {
 	if dropped { // made before the unload, counted after it (dropSlots)
 		g.p.dropSlot(size, s.pinned, false)
 	}
+	g.d.pools.add(g) // for the sweep, once it is free (slotidle.go)
 	s.lent.Store(true)
 	return s, true
 }
