@@ -182,7 +182,9 @@ func (p *proc) measure(prev *sample, pss bool) (s *sample, ok bool) {
 // limit, until the device closes. A bundle can allocate faster than any
 // poll, so the limit bounds what a worker keeps, not a spike; the kill
 // reason reaches the requests it was running. No lock is held while /proc
-// is read.
+// is read. Once a second it gives back idle pool slots too (sweepSlots),
+// their workers' calls left to the background: a slow worker must not
+// hold up the memory checks.
 func (d *Device) watch() {
 	t := time.NewTicker(watchEvery)
 	defer t.Stop()

@@ -11,11 +11,11 @@ import (
 
 // Idle pool slots. A burst makes as many pool slots as it has requests in
 // flight (up to maxPoolSlots), and a slot once made was kept for its
-// worker's life: on the host device the pages its bodies touched stay
+// worker's life: on the host device the pages its bodies touched stayed
 // resident (a burst of 40 requests of 4 MiB in and out left a server 305
 // MB of shared memory, for good with min_instances), on a GPU all of it
-// stays pinned, counted against Options.PinLimit, so that another
-// function's slots were refused. So a slot left free for slotIdleBound is
+// stayed pinned, counted against Options.PinLimit, so that other
+// functions' slots were refused. So a slot left free for slotIdleBound is
 // given back: its worker drops it (wire.OpDropSlot: unpinned, unmapped)
 // as it does a discarded slot, the server unmaps it, and the pool counts
 // it no more, so that the next burst makes slots again.
