@@ -63,9 +63,17 @@ func (p *proc) callTurn(ctx context.Context, bound time.Duration, g *program, c 
 	} else if dl, _ := ctx.Deadline(); time.Until(dl) < p.minCallTime() {
 		return nil, fmt.Errorf("%w: too little of its time was left once the worker's control channel was free (%s)", device.ErrNotStarted, during)
 	}
+	// A slot's registration or drop runs no bundle code: nothing the
+	// worker prints meanwhile is g's, and counted as g's it made a
+	// sibling's lines in a tenant's worker nobody's (tenantOutput). An
+	// idle slot's drop comes 30 s after any burst.
+	speaks := c.Op != wire.OpSlot && c.Op != wire.OpDropSlot
 	p.mu.Lock()
 	gone := p.ctlGone
-	p.ctlBusy, p.calling, p.callingProg = !gone, during, g
+	p.ctlBusy, p.calling = !gone, during
+	if speaks {
+		p.callingProg = g
+	}
 	p.mu.Unlock()
 	if gone {
 		return nil, g.lost(during)
@@ -73,7 +81,7 @@ func (p *proc) callTurn(ctx context.Context, bound time.Duration, g *program, c 
 	p.cpu.calling(p, 1)
 	defer p.cpu.calling(p, -1)
 	defer func() {
-		if p.tenant != nil {
+		if p.tenant != nil && speaks {
 			g.callEnded.Store(monoNow())
 		}
 		p.mu.Lock()

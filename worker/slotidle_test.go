@@ -11,7 +11,9 @@ import (
 	"unsafe"
 
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/funclog"
 	"github.com/plover-run/plover/internal/testkit"
 )
 
@@ -188,6 +190,35 @@ func TestTrimSlotsTakesOnlyIdleFreeSlots(t *testing.T) {
 	lent.Release()
 }
 
+// A pinned idle slot is not dropped while its worker runs anything: the
+// unpin may wait for the context's kernels, and a drop past its bound
+// kills the worker. Once the worker runs nothing, it goes.
+func TestAPinnedIdleSlotWaitsForAQuietWorker(t *testing.T) {
+	f := idleCUDA(t, time.Hour) // trimSlots alone takes them
+	s := f.lend(t)
+	if s.(*poolSlot).pinned == 0 {
+		t.Skip("the fake driver pinned nothing")
+	}
+	s.Release()
+	now := time.Now()
+	f.g.slots.mu.Lock()
+	s.(*poolSlot).freeAt = now.Add(-time.Minute)
+	f.g.slots.mu.Unlock()
+	free := func() int {
+		f.g.slots.mu.Lock()
+		defer f.g.slots.mu.Unlock()
+		return len(f.g.slots.free)
+	}
+	f.g.p.runs.Add(1) // as a run of any function of the worker
+	f.g.trimSlots(now.Add(-time.Second))
+	if n := free(); n != 1 {
+		t.Fatalf("a pinned idle slot was taken while its worker ran: %d free", n)
+	}
+	f.g.p.runs.Add(-1)
+	f.g.trimSlots(now.Add(-time.Second))
+	waitFor(t, "the pinned idle slot to go once the worker ran nothing", func() bool { return poolCount(f.g) == 0 })
+}
+
 // An idle slot whose drop its worker refused (its device did not unpin
 // it: the fake driver's first unregister fails) goes back to the pool
 // whole, lent again and run on as before, and is given back after a later
@@ -255,4 +286,37 @@ func serverMaps(t *testing.T, s *poolSlot) bool {
 		}
 	}
 	return false
+}
+
+// In a tenant's worker, an idle slot's drop (and a slot's making) runs no
+// bundle code, so it is no sign that its function printed: a sibling's
+// line printed as it ends is the sibling's. Counted as a call of its
+// function, each drop made two functions active for outputGrace, and the
+// sibling's lines then went to no function's log (a review's probe: 25
+// of 300 lines lost beside a function whose burst slots came and went).
+func TestAnIdleSlotsDropLeavesASiblingsLinesItsOwn(t *testing.T) {
+	d := NewDevice(Options{Exe: os.Args[0], Base: device.NewHost(0), Landlock: true, StageDir: t.TempDir(), Spawner: spawner,
+		TenantScope: true, slotIdle: 100 * time.Millisecond})
+	t.Cleanup(func() { d.Close() })
+	logs := funclog.New(nil)
+	mt := testkit.OutputManifest("talker", "say", 1, 1)
+	talker := loadFor(t, d, "t", testkit.OutputSource(), mt, logs.Sink("talker"))
+	mq := testkit.Manifest("quiet")
+	qg := loadFor(t, d, "t", "", mq, logs.Sink("quiet")).(*program)
+	for i := range 5 {
+		s, ok := qg.Lend(mq.MaxInputBytes, mq.OutBytes)
+		if !ok {
+			t.Fatal("no slot lent")
+		}
+		s.Release()
+		waitFor(t, "quiet's idle slot given back", func() bool { return poolCount(qg) == 0 })
+		// Printed as the drop ended: within outputGrace of it.
+		msg := fmt.Sprintf("m%d", i)
+		if err := runOnce(t, talker, mt, []byte(msg), 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "talker's line "+msg+" in its log", func() bool {
+			return slices.ContainsFunc(logs.Lines("talker", time.Time{}), func(l api.LogLine) bool { return l.Line == "say: "+msg })
+		})
+	}
 }
