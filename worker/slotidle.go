@@ -112,9 +112,15 @@ func (g *program) trimSlots(before time.Time) bool {
 		pool.mu.Unlock()
 		return true
 	}
+	// A pinned slot waits for a moment when its worker runs nothing: its
+	// drop unpins it (cuMemHostUnregister), which the driver may hold
+	// until the context's kernels end, and a drop past its bound kills the
+	// worker, a tenant's with every sibling (not seen on a GPU yet; a run
+	// begun during the drop is still that risk).
+	busy := g.p.runs.Load() > 0
 	var idle []*poolSlot
 	pool.free = slices.DeleteFunc(pool.free, func(s *poolSlot) bool {
-		if s.freeAt.Before(before) && !s.inRun.Load() {
+		if s.freeAt.Before(before) && !s.inRun.Load() && (s.pinned == 0 || !busy) {
 			idle = append(idle, s)
 			return true
 		}
