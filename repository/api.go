@@ -87,7 +87,7 @@ func (r *Repository) Index(ctx context.Context, ready bool) []api.RepositoryMode
 // name is 404; a folder that does not deploy is 400 with the reason.
 func (r *Repository) Load(ctx context.Context, name string) error {
 	if !r.take(ctx) {
-		return errdefs.Unavailable(ctx.Err(), "load %s: the server is shutting down", name)
+		return shuttingDown("load", name)
 	}
 	held := true // settledNow gives the turn up while it waits
 	defer func() {
@@ -169,6 +169,12 @@ func (r *Repository) Load(ctx context.Context, name string) error {
 var settling = func(name string) {}
 
 // settleEnded is a load's error for ctx ended while its folder settled.
+// shuttingDown is a load's or an unload's refusal once Run's context
+// ended (or its own ended before it had the turn).
+func shuttingDown(what, name string) error {
+	return errdefs.Unavailable(nil, "%s %s: the server is shutting down", what, name)
+}
+
 func settleEnded(ctx context.Context, name string, settle time.Duration) error {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return errdefs.New(errdefs.KindTimeout, ctx.Err(), "load %s: the deadline passed while its folder settled (files changed within the last %s)", name, settle)
@@ -208,9 +214,15 @@ func (r *Repository) settledNow(ctx context.Context, name string, f folder) (_ f
 		case <-ctx.Done():
 			t.Stop()
 			return f, false, settleEnded(ctx, name, r.cfg.Settle)
+		case <-r.ended:
+			t.Stop()
+			return f, false, shuttingDown("load", name)
 		case <-t.C:
 		}
 		if !r.take(ctx) {
+			if r.stopping() {
+				return f, false, shuttingDown("load", name)
+			}
 			return f, false, settleEnded(ctx, name, r.cfg.Settle)
 		}
 		if ctx.Err() != nil { // take may pick the free turn over an ended ctx
@@ -263,7 +275,7 @@ func (m *model) failure() (string, errdefs.Kind) {
 // record cannot be read, 503.
 func (r *Repository) Unload(ctx context.Context, name string) error {
 	if !r.take(ctx) {
-		return errdefs.Unavailable(ctx.Err(), "unload %s: the server is shutting down", name)
+		return shuttingDown("unload", name)
 	}
 	defer r.give()
 	r.mu.Lock()

@@ -395,3 +395,31 @@ func TestAWaitForTheTurnEndsWithRun(t *testing.T) {
 		})
 	}
 }
+
+// Once Run has returned, its turn is free: a load or unload is still
+// refused, every time (select chose at random between the free turn and
+// the ended Run, and about half of them deployed as the server went down).
+func TestNoLoadAfterRunEnded(t *testing.T) {
+	models := filepath.Join(t.TempDir(), "models")
+	writeBundle(t, filepath.Join(models, "cnn", "1"), "cnn", false)
+	age(t, models)
+	node := newFakeNode()
+	r, err := New(Config{Dir: models, Settle: time.Millisecond}, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel, done := runRepo(r)
+	<-r.Started()
+	cancel()
+	<-done
+	for i := range 20 {
+		for what, call := range map[string]func() error{
+			"load":   func() error { return r.Load(context.Background(), "cnn") },
+			"unload": func() error { return r.Unload(context.Background(), "cnn") },
+		} {
+			if err := call(); errdefs.KindOf(err) != errdefs.KindUnavailable || !strings.Contains(err.Error(), "shutting down") {
+				t.Fatalf("%s #%d after Run returned: %v, want unavailable, shutting down", what, i, err)
+			}
+		}
+	}
+}

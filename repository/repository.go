@@ -500,12 +500,31 @@ func (r *Repository) warnUnreadable(name, reason string, f folder) {
 
 // take waits for the turn to change deployments; false if ctx ended first.
 func (r *Repository) take(ctx context.Context) bool {
+	if r.stopping() {
+		return false
+	}
 	select {
 	case r.turn <- struct{}{}:
-		return true
 	case <-ctx.Done():
 		return false
 	case <-r.ended:
+		return false
+	}
+	// select picks at random among ready cases: a turn left free by a Run
+	// that ended is ready beside r.ended.
+	if r.stopping() {
+		r.give()
+		return false
+	}
+	return true
+}
+
+// stopping reports whether Run's context ended: no load or unload starts.
+func (r *Repository) stopping() bool {
+	select {
+	case <-r.ended:
+		return true
+	default:
 		return false
 	}
 }
