@@ -439,6 +439,11 @@ func parse(r io.Reader, source string) (*Table, error) {
 			return nil, fail("missing SHA256 after SCOPES (want NAME SCOPES SHA256 [FUNCTIONS])")
 		case 3, 4, 5:
 		default:
+			if _, err := ParseScopes(fields[1]); err != nil {
+				// Prose, most likely (a note pasted without its #): the
+				// count of its words says nothing useful.
+				return nil, fail("not a token line: SCOPES %q: %v (want NAME SCOPES SHA256 [FUNCTIONS [LIMITS]]; a comment starts with #)", fields[1], err)
+			}
 			return nil, fail("extra field %q after LIMITS (FUNCTIONS and LIMITS are each one comma-separated field)", fields[5])
 		}
 		var e entry

@@ -139,6 +139,7 @@ func TestParseErrors(t *testing.T) {
 		{"two fields", "# c\nci read\n", "f:2: missing SHA256"},
 		{"five fields, bad limits", "ci read " + hA + " a b\n", `f:1: LIMITS: "b": want key=value`},
 		{"six fields", "ci read " + hA + " a rate=1 c\n", `f:1: extra field "c" after LIMITS`},
+		{"prose", "Append this line to the server's auth file\n", `f:1: not a token line: SCOPES "this": `},
 		{"unknown limit", "ci read " + hA + " * rps=1\n", `f:1: LIMITS: unknown limit "rps"`},
 		{"zero rate", "ci read " + hA + " * rate=0\n", `f:1: LIMITS: rate "0": want requests per second`},
 		{"burst without rate", "ci read " + hA + " * burst=5\n", `f:1: LIMITS: burst needs a rate`},

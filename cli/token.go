@@ -17,7 +17,7 @@ func tokenCmd() *command {
 		name:  "token", summary: "make a bearer token and the auth-file line that grants it",
 		usage: "new NAME --scopes SCOPE[,SCOPE...] [--functions GLOB[,GLOB...]] [--limits rate=R,burst=B,concurrency=C]",
 		example: "  plover token new ops --scopes admin\n" +
-			"  TOKEN=$(plover token new ci --scopes invoke,read --functions 'cnn,vec*')   # the auth-file line goes to stderr\n" +
+			"  TOKEN=$(plover token new ci --scopes invoke,read --functions 'cnn,vec*')   # the auth-file line goes to stderr (2>>auth appends it, its notes as comments)\n" +
 			"  plover token new tenant-a --scopes invoke --limits rate=100,burst=200,concurrency=16",
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&scopes, "scopes", "", "what the token may do, comma-separated: read, invoke, deploy (implies read), admin (required)")
@@ -73,8 +73,10 @@ func tokenCmd() *command {
 			if _, err := fmt.Fprintln(env.Stdout, tok); err != nil {
 				return err
 			}
-			fmt.Fprintf(env.Stderr, "Append this line to the server's auth file, then send the server SIGHUP (or restart it):\n\n%s\n\n", line)
-			fmt.Fprintln(env.Stderr, "The token is not stored anywhere (the file holds only its SHA-256): keep it now, it cannot be shown again.")
+			// The prose as the auth file's comments, so that stderr as a
+			// whole may be appended to the file (2>>auth), as the help shows.
+			fmt.Fprintf(env.Stderr, "# Append this line to the server's auth file, then send the server SIGHUP (or restart it):\n%s\n", line)
+			fmt.Fprintln(env.Stderr, "# The token is not stored anywhere (the file holds only its SHA-256): keep it now, it cannot be shown again.")
 			return nil
 		},
 	}
