@@ -253,9 +253,25 @@ func serverRuns(c *client, dir string) error {
 		return nil
 	}
 	if err := abi.RunsOn(m.Target, targets); err != nil {
-		return fmt.Errorf("%s: the server at %s would refuse it (422 invalid: %w); its /healthz lists its devices, so nothing was built or uploaded", dir, c.base, err)
+		return fmt.Errorf("%s: the server at %s would refuse it (422 invalid: %w); its /healthz lists its devices, so nothing was built or uploaded%s", dir, c.base, err, otherBuild(dir, m, targets[0]))
 	}
 	return nil
+}
+
+// otherBuild is what to do where dir is a function's source directory,
+// whose plover.json names another target than the server's t (plover
+// init's "host", say, against a GPU node): deploy its build for t, or
+// build one. "" for a built bundle.
+func otherBuild(dir string, m *abi.Manifest, t string) string {
+	if m.Build == nil {
+		return ""
+	}
+	built := filepath.Join(dir, BuildDir, t)
+	if _, err := os.Stat(filepath.Join(built, abi.ManifestFile)); err == nil {
+		return fmt.Sprintf("; its %s build is there: plover deploy %s", t, shellQuote(built))
+	}
+	return fmt.Sprintf("; build it for this server: plover build %s --target %s, then plover deploy %s (or set \"target\": %q in its plover.json, which plover deploy %s follows)",
+		shellQuote(dir), t, shellQuote(built), t, shellQuote(dir))
 }
 
 func humanBytes(n int64) string {

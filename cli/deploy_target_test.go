@@ -49,12 +49,32 @@ func TestDeployAsksTheServersTargetsFirst(t *testing.T) {
 	setManifestField(t, srcCUDA, "target", abi.TargetCUDA)
 	os.Chtimes(filepath.Join(srcCUDA, BuildDir, abi.TargetCUDA, "k.so"), old, old)
 
+	// And one with no host build: the message says how to make one.
+	srcUnbuilt := t.TempDir()
+	if err := os.CopyFS(srcUnbuilt, os.DirFS(srcCUDA)); err != nil {
+		t.Fatal(err)
+	}
+	os.RemoveAll(filepath.Join(srcUnbuilt, BuildDir, abi.TargetHost))
+
 	url := testkit.Serve(t, testkit.Engine(t, engine.Config{}), httpapi.Options{})
 	const want = `(422 invalid: target: the bundle is built for "cuda"; this node's devices run "host")`
-	for _, dir := range []string{cuda, srcCUDA} {
+	for _, tc := range []struct {
+		dir, hint string // hint: what the message says to do next ("" none)
+	}{
+		{cuda, ""},
+		{srcCUDA, "its host build is there: plover deploy " + filepath.Join(srcCUDA, BuildDir, abi.TargetHost)},
+		{srcUnbuilt, "build it for this server: plover build " + srcUnbuilt + " --target host, then plover deploy " + filepath.Join(srcUnbuilt, BuildDir, abi.TargetHost)},
+	} {
+		dir := tc.dir
 		_, stderr, err := runCommand(deployCmd(), dir, "--server", url)
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("deploy %s: %v\nwant an error containing %q\n%s", dir, err, want, stderr)
+		}
+		if err != nil && tc.hint != "" && !strings.Contains(err.Error(), tc.hint) {
+			t.Errorf("deploy %s: %v\nwant the next step %q", dir, err, tc.hint)
+		}
+		if err != nil && tc.hint == "" && strings.Contains(err.Error(), "plover build") {
+			t.Errorf("deploy of the built bundle %s: %v\nwant no build advice", dir, err)
 		}
 		if _, err := os.Stat(ran); err == nil {
 			t.Fatalf("deploy %s ran the CUDA compiler before the server refused the target:\n%s", dir, stderr)
