@@ -54,7 +54,9 @@ func Serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	p := string(ctx.Path())
-	if p == strings.TrimSuffix(Prefix, "/") {
+	if p == strings.TrimSuffix(Prefix, "/") || p == "/" {
+		// The server's own address, as a browser opens it, leads to the
+		// console (it answered a JSON 404 naming /v1 routes alone).
 		// A path, not fasthttp's absolute URL (built from the request's
 		// Host and the connection's scheme: a forged host reflected, https
 		// behind a proxy made http), and not permanent: --console=false
@@ -94,5 +96,5 @@ func Files() fs.FS { return static }
 
 // Is reports whether path is the console's.
 func Is(p []byte) bool {
-	return strings.HasPrefix(string(p), Prefix) || string(p) == strings.TrimSuffix(Prefix, "/")
+	return strings.HasPrefix(string(p), Prefix) || string(p) == strings.TrimSuffix(Prefix, "/") || string(p) == "/"
 }

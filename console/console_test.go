@@ -42,6 +42,8 @@ func TestServe(t *testing.T) {
 		{"GET", "/ui/output.js", 200, "text/javascript; charset=utf-8"},  // and this
 		{"HEAD", "/ui/style.css", 200, "text/css; charset=utf-8"},
 		{"GET", "/ui", 302, ""},
+		{"GET", "/", 302, ""},
+		{"HEAD", "/", 302, ""},
 		{"GET", "/ui/nothing.js", 404, ""},
 		{"GET", "/ui/../console.go", 404, ""},
 		{"GET", "/ui/%2e%2e/console.go", 404, ""},
@@ -80,14 +82,14 @@ func TestServe(t *testing.T) {
 	}{
 		{"/ui/../console.go", 404},
 		{"/ui/x/../../console.go", 404},
-		{"/ui/..", 404},
+		{"/ui/..", 302}, // the server's root: led to the console, no file served
 		{"/ui/x/../app.js", 200},
 	} {
 		if r := serve("GET", c.path, true); r.StatusCode() != c.code {
 			t.Errorf("GET %s as sent: %d, want %d", c.path, r.StatusCode(), c.code)
 		}
 	}
-	if !console.Is([]byte("/ui/")) || !console.Is([]byte("/ui")) || console.Is([]byte("/uix")) || console.Is([]byte("/v1/functions")) {
+	if !console.Is([]byte("/ui/")) || !console.Is([]byte("/ui")) || !console.Is([]byte("/")) || console.Is([]byte("/uix")) || console.Is([]byte("/v1/functions")) {
 		t.Error("Is: wrong paths")
 	}
 }
