@@ -43,7 +43,7 @@ func (d *drv) collect() {
 
 func (d *drv) admit(f *Flow) {
 	now := d.clk.Now()
-	tk, w := d.s.join(f, now, time.Time{}, 0)
+	tk, w, _ := d.s.join(f, now, time.Time{}, 0)
 	if w == nil {
 		d.running = append(d.running, struct {
 			f *Flow

@@ -737,7 +737,7 @@ func TestIdleFlowsPrunedWithoutReserve(t *testing.T) {
 // enter is admit's way in without the wait: a run started where a slot is
 // free, or queued and dispatched (join, then kick).
 func (s *Scheduler) enter(f *Flow, now, deadline time.Time, hold time.Duration) (Ticket, *waiter) {
-	t, w := s.join(f, now, deadline, hold)
+	t, w, _ := s.join(f, now, deadline, hold)
 	if w != nil {
 		s.kick(now)
 	}

@@ -49,6 +49,7 @@ type Scheduler struct {
 	expiry   Timer // armed for the earliest running deadline while runs wait
 	expAt    time.Time
 	scratch  []*Flow
+	refused  error // Refuse's: every run's answer from then on
 }
 
 // DefaultRecent is Config.Recent's default. It was 100 ms: a function
@@ -255,9 +256,9 @@ func (f *Flow) admit(ctx context.Context, now, deadline time.Time, hold time.Dur
 		return Ticket{}, 0, ErrDeadline
 	}
 	s := f.s
-	t, w := s.join(f, now, deadline, hold)
+	t, w, err := s.join(f, now, deadline, hold)
 	if w == nil {
-		return t, 0, nil
+		return t, 0, err
 	}
 	// From here until it returns, a panic (the gone callback's, the
 	// policy's in a dispatch, the Clock's) must not leave w queued, or its
@@ -327,10 +328,13 @@ func (f *Flow) admit(ctx context.Context, now, deadline time.Time, hold time.Dur
 
 // join starts a run of f where a slot is free (no waiter), or queues it;
 // the caller then dispatches (kick), once it is ready to take w back out
-// should that panic (admit).
-func (s *Scheduler) join(f *Flow, now, deadline time.Time, hold time.Duration) (Ticket, *waiter) {
+// should that panic (admit). After Refuse it does neither: its error.
+func (s *Scheduler) join(f *Flow, now, deadline time.Time, hold time.Duration) (Ticket, *waiter, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock() // see mu
+	if s.refused != nil {
+		return Ticket{}, nil, s.refused
+	}
 	if f.inFlight+len(f.queue) >= 1 {
 		f.lastBusy = now // this run makes two or more
 		s.place(f)       // went idle light, now a flood's: unlisted
@@ -344,7 +348,7 @@ func (s *Scheduler) join(f *Flow, now, deadline time.Time, hold time.Duration) (
 		s.pol.Woke(f, now)
 	}
 	if len(s.waiting) == 0 && len(s.running) < s.limit(f, now) {
-		return s.start(f, deadline, hold, now), nil
+		return s.start(f, deadline, hold, now), nil, nil
 	}
 	w := &waiter{arrived: now, deadline: deadline, hold: hold, ready: make(chan struct{}, 1)}
 	if !f.active {
@@ -355,7 +359,33 @@ func (s *Scheduler) join(f *Flow, now, deadline time.Time, hold time.Duration) (
 		s.waiting = append(s.waiting, f)
 	}
 	f.queue = append(f.queue, w)
-	return Ticket{}, w
+	return Ticket{}, w, nil
+}
+
+// Refuse answers every run waiting for the device with err, and every
+// later Admit with it too, a slot free or not: the node stops (plover
+// serve's grace is over) and starts nothing more, and a run that never
+// started is told so rather than cut with the process. Runs admitted go
+// on. It returns how many waiting runs it answered.
+func (s *Scheduler) Refuse(err error) int {
+	s.mu.Lock()
+	defer s.mu.Unlock() // see mu
+	now := s.clock.Now()
+	s.refused = err
+	n := 0
+	for _, f := range s.waiting {
+		q := f.queue
+		f.queue = nil
+		for _, w := range q {
+			w.err = err
+			w.ready <- struct{}{}
+		}
+		n += len(q)
+		s.fewer(f, now)
+	}
+	s.waiting = s.waiting[:0]
+	s.armExpiry(now)
+	return n
 }
 
 // kick admits what queued runs the free slots let start, and arms the

@@ -80,7 +80,7 @@ func closedLoopPart(bw float64, think, runMax int) float64 {
 				continue
 			}
 			if c.left--; c.left < 0 {
-				tk, w := s.join(c.f, clk.Now(), time.Time{}, 0)
+				tk, w, _ := s.join(c.f, clk.Now(), time.Time{}, 0)
 				if w == nil {
 					c.t, c.running, c.left = tk, true, 1+rng.IntN(runMax)
 					continue
