@@ -180,10 +180,18 @@ func (b *batcher) await(ctx context.Context, it *batchItem, deadline time.Time) 
 		defer tk.Stop()
 		poll = tk.C
 	}
+	shut := b.e.shutting()
 	for {
 		select {
 		case <-it.done:
 			return b.finish(it)
+		case <-shut:
+			if b.unlist(it) {
+				return shutDown(v.fn.name, "waited for its batch")
+			}
+			// A run took it: that run answers it, refused at its turn
+			// on the device if it had not started.
+			shut = nil
 		case <-ctx.Done():
 			if err := b.abandon(it); err == nil {
 				return errorf(errdefs.KindUnavailable, ctx.Err(), "function %s: the request was cancelled while it waited for its batch", v.fn.name)
@@ -216,13 +224,7 @@ func (b *batcher) abandon(it *batchItem) error {
 	for {
 		switch it.state.Load() {
 		case itemPending:
-			if it.state.CompareAndSwap(itemPending, itemAbandoned) {
-				b.mu.Lock()
-				if i := slices.Index(b.pending, it); i >= 0 {
-					b.pending = slices.Delete(b.pending, i, i+1)
-					b.stale = true
-				}
-				b.mu.Unlock()
+			if b.unlist(it) {
 				return nil
 			}
 		case itemTaken:
@@ -238,6 +240,21 @@ func (b *batcher) abandon(it *batchItem) error {
 			return errWritten
 		}
 	}
+}
+
+// unlist takes it, abandoned, out of pending, unless a run took it
+// meanwhile (false).
+func (b *batcher) unlist(it *batchItem) bool {
+	if !it.state.CompareAndSwap(itemPending, itemAbandoned) {
+		return false
+	}
+	b.mu.Lock()
+	if i := slices.Index(b.pending, it); i >= 0 {
+		b.pending = slices.Delete(b.pending, i, i+1)
+		b.stale = true
+	}
+	b.mu.Unlock()
+	return true
 }
 
 // finish copies a finished item's result into its request. A run that

@@ -89,6 +89,7 @@ type Engine struct {
 	fresh         newNames      // the names new here whose record a poll read (refreshNew)
 	unpacks       *unpackSlots  // the turns to unpack a deploy's bundle (unpackTurn)
 	spools        *spools       // the room for deploys' uploads (spool.go)
+	stop          refusal       // the requests refused at the end of a drain (refuse.go)
 }
 
 // outputKeeper is a device whose functions' output can be kept (a worker
@@ -198,7 +199,8 @@ func New(cfg Config) (*Engine, error) {
 			log.Warn("cached bundle damaged on disk; fetching it from the store again", "sha256", sha[:12], "reason", reason)
 		}
 	}
-	e := &Engine{cfg: cfg, targets: targets, mem: newLedger(), logs: funclog.New(cfg.Log), unpacks: newUnpackSlots(), spools: newSpools(cfg.SpoolBytes, cfg.MaxBundleBytes)}
+	e := &Engine{cfg: cfg, targets: targets, mem: newLedger(), logs: funclog.New(cfg.Log), unpacks: newUnpackSlots(), spools: newSpools(cfg.SpoolBytes, cfg.MaxBundleBytes),
+		stop: refusal{shut: make(chan struct{})}}
 	for _, d := range cfg.Devices {
 		if k, ok := d.(outputKeeper); ok && k.KeepsOutput() {
 			e.keepsLogs = true

@@ -153,6 +153,8 @@ func notAdmitted(f *function, dev device.Device, err error) *errdefs.Error {
 		return errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while it waited for its share of %s", f.name, dev.Name())
 	case errors.Is(err, sched.ErrGone):
 		return errorf(errdefs.KindGone, err, "function %s: the client went away while the request waited for %s", f.name, dev.Name())
+	case errors.Is(err, errShutDown): // RefuseQueued's, through the scheduler
+		return shutDown(f.name, "waited for its turn on "+dev.Name())
 	}
 	return errorf(errdefs.KindUnavailable, err, "function %s: the request was cancelled while it waited for %s", f.name, dev.Name())
 }

@@ -153,11 +153,13 @@ func (e *Engine) invoke(ctx context.Context, f *function, v *version, req *call.
 	// transport, which answers it 500: counted as that, not as the success
 	// its nil err would read as.
 	returned := false
+	e.stop.inFlight.Add(1)
 	defer func() {
 		if !returned {
 			err = errdefs.ErrPanicked
 		}
 		f.stats.ended(err, req.Timing.Total)
+		e.stop.ended(err)
 	}()
 	err = e.invokeOn(ctx, f, v, req, t0, deadline)
 	returned = true

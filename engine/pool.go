@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -85,8 +86,15 @@ func (p *pool) open(e *Engine, runs int, freed slotWaiter, now time.Time) {
 
 // acquire waits for a slot, in FIFO order, until the deadline, and says
 // whether it waited. The fast path takes no timer and allocates nothing; a
-// full queue fails at once.
+// full queue fails at once, and so, waiting or not, does every request
+// once the engine refuses them (RefuseQueued).
 func (p *pool) acquire(ctx context.Context, deadline time.Time, gone func() bool) (waited bool, err error) {
+	shut := p.e.shutting()
+	select {
+	case <-shut: // the node stops within a second: a run begun now would be cut
+		return false, shutDown(p.v.fn.name, "was about to take one of its instances")
+	default:
+	}
 	p.adm.Lock()
 	if p.held < p.max {
 		p.held++
@@ -120,6 +128,8 @@ func (p *pool) acquire(ctx context.Context, deadline time.Time, gone func() bool
 			return true, nil
 		case <-ctx.Done():
 			return true, p.leave(w, errorf(errdefs.KindUnavailable, ctx.Err(), "function %s: the request was cancelled while waiting for one of %d instances", name, p.max))
+		case <-shut:
+			return true, p.leave(w, shutDown(name, fmt.Sprintf("waited for one of its %d instances", p.max)))
 		case <-t.C:
 			return true, p.leave(w, errorf(errdefs.KindTimeout, nil, "function %s: the request's deadline passed while it waited for one of %d instances", name, p.max))
 		case <-poll:

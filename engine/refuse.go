@@ -1,0 +1,89 @@
+package engine
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/plover-run/plover/errdefs"
+)
+
+// The end of a drain's grace (plover serve --grace). The process exits
+// about a second later, cutting every request still in it: one that had
+// not started to run is answered first, a 503 that says so, which a
+// client (or a proxy, which turns a bare close into a 502) can tell from
+// a request cut as it ran, and may send to another node as it is.
+
+// refusal is the engine's state for RefuseQueued.
+type refusal struct {
+	shut chan struct{} // closed by RefuseQueued
+	once sync.Once
+	// busy: requests were in the engine when RefuseQueued closed shut
+	// (set in once, read after it).
+	busy bool
+	// inFlight counts the requests in invoke now; refused those that
+	// ended refused.
+	inFlight, refused atomic.Int64
+}
+
+// errShutDown is the cause of every refusal, and what the device
+// schedulers answer their queued runs with (sched.Scheduler.Refuse).
+var errShutDown = errors.New("the server is shutting down")
+
+// RefuseQueued fails, at once, every request that has not started to run:
+// those waiting for one of their function's instances, for their batch or
+// for their turn on a device; and from now on any request that would
+// begin to (a pipeline's next step, a body that was still arriving). Each
+// gets a 503 saying that the server is shutting down, to retry on another
+// node. Runs in progress go on, for the process's exit to cut. It reports
+// whether any request was in the engine, refused or running, so that the
+// transports give their answers a moment to be written before they close
+// the connections (none: there is nothing to wait for); called again, it
+// reports the same. plover serve calls it when --grace ends.
+func (e *Engine) RefuseQueued() bool {
+	r := &e.stop
+	r.once.Do(func() {
+		close(r.shut)
+		for _, s := range e.scheds {
+			s.Refuse(errShutDown)
+		}
+		r.busy = r.inFlight.Load() > 0
+	})
+	return r.busy
+}
+
+// Unfinished is how many requests are in the engine now (running, or
+// loading an instance to run on; a pipeline's steps each) and how many
+// ended refused by RefuseQueued: what a drain cut short by its grace
+// leaves to the process's exit, and what it answered.
+func (e *Engine) Unfinished() (inFlight, refused int64) {
+	return e.stop.inFlight.Load(), e.stop.refused.Load()
+}
+
+// shutting is closed once RefuseQueued was called; nil (never closed) for
+// a pool with no engine (a benchmark's).
+func (e *Engine) shutting() <-chan struct{} {
+	if e == nil {
+		return nil
+	}
+	return e.stop.shut
+}
+
+// shutDown is the 503 of function name's request refused by RefuseQueued,
+// which had not started: where says where it was ("waited for its
+// batch"). Its Retry-After is 1 s: the same request may go to another
+// node at once.
+func shutDown(name, where string) *errdefs.Error {
+	err := errorf(errdefs.KindUnavailable, errShutDown, "function %s: the server is shutting down; the request had not started (it %s): retry on another node", name, where)
+	err.RetryAt = time.Now().Add(time.Second)
+	return err
+}
+
+// ended counts a request leaving invoke with err.
+func (r *refusal) ended(err error) {
+	r.inFlight.Add(-1)
+	if err != nil && errors.Is(err, errShutDown) {
+		r.refused.Add(1)
+	}
+}
