@@ -32,6 +32,11 @@ type connSet struct {
 	// from a worker's slot written after their handler returned
 	// (answerBody), until closed: the slot is read until then.
 	handlers, answers atomic.Int64
+	// graceOver: the drain's grace is over, and every answer closes its
+	// connection (Connection: close). fasthttp's CloseOnShutdown does so
+	// only until its Shutdown's context ends, and the answers written
+	// after it (requests refused as not started) then kept theirs open.
+	graceOver atomic.Bool
 	// mu orders a drain's cut with a handler starting on a cut
 	// connection: the handler's read deadline must be the last set.
 	mu sync.Mutex
@@ -353,6 +358,9 @@ func (cs *connSet) handle(h fasthttp.RequestHandler) fasthttp.RequestHandler {
 			defer func() { d.ended.Store(d.reads.Load()) }()
 		}
 		h(ctx)
+		if cs.graceOver.Load() {
+			ctx.SetConnectionClose()
+		}
 	}
 }
 
@@ -398,9 +406,13 @@ func (cs *connSet) closeAll() {
 
 // shutdown stops srv within ctx: it stops accepting, cuts the
 // connections that wait for a request, lets the requests come and in
-// handlers finish and, when ctx ends first, closes what is left. It
-// returns ctx's error only when requests were still in handlers.
-func (cs *connSet) shutdown(ctx context.Context, srv *fasthttp.Server) error {
+// handlers finish and, when ctx ends first, closes what is left. When
+// ctx's deadline passed (the grace is over, not a stop at once) it calls
+// refuse first, which fails the requests that have not started to run
+// (nil: none), and when that says requests are in flight it gives their
+// answers up to closeWait to be written. It returns ctx's error only when
+// requests were still in handlers.
+func (cs *connSet) shutdown(ctx context.Context, srv *fasthttp.Server, refuse func() bool) error {
 	done := make(chan error, 1)
 	go func() { done <- srv.ShutdownWithContext(ctx) }()
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -412,11 +424,20 @@ func (cs *connSet) shutdown(ctx context.Context, srv *fasthttp.Server) error {
 			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 				return err
 			}
+			// One wait, for the answers and then for the handlers, so
+			// that the exit comes as soon after the grace as before.
+			end := time.Now().Add(closeWait)
+			if refuse != nil && errors.Is(err, context.DeadlineExceeded) {
+				cs.graceOver.Store(true) // before the refusals' answers
+				if refuse() {
+					cs.awaitAnswers(end)
+				}
+			}
 			cs.closeAll()
 			// A handler blocked on its connection, or an answer being
 			// written from a slot (a client not reading it), ends once
 			// it is closed: the node closes its workers only after.
-			for end := time.Now().Add(closeWait); cs.handlers.Load() > 0 || cs.answers.Load() > 0; time.Sleep(10 * time.Millisecond) {
+			for ; cs.handlers.Load() > 0 || cs.answers.Load() > 0; time.Sleep(10 * time.Millisecond) {
 				if time.Now().After(end) {
 					return err
 				}
@@ -425,6 +446,29 @@ func (cs *connSet) shutdown(ctx context.Context, srv *fasthttp.Server) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// awaitAnswers waits until end, or until no connection is busy with a
+// request: the answers of the requests refused at the end of the grace
+// (503s) are written meanwhile, each connection closed after its answer
+// (graceOver), where closeAll would have cut them bare. A request still
+// running holds its connection until end.
+func (cs *connSet) awaitAnswers(end time.Time) {
+	for time.Now().Before(end) && cs.busy() {
+		cs.cutWaiting()
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// busy reports whether a connection is busy with a request: in its
+// handler, or writing its answer.
+func (cs *connSet) busy() bool {
+	found := false
+	cs.conns.Range(func(k, _ any) bool {
+		found = k.(*drainConn).state.Load() == connBusy
+		return !found
+	})
+	return found
 }
 
 // callCtx is the context of the calls a request makes to the control

@@ -284,7 +284,7 @@ func TestDrainWaitsForAnswersBeingWritten(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- s.conns.shutdown(ctx, s.srv) }()
+	go func() { done <- s.conns.shutdown(ctx, s.srv, nil) }()
 	<-land.released // the connection closed, its write failed: the slot is being given back
 	select {
 	case err := <-done:

@@ -214,7 +214,7 @@ func servedOn(t *testing.T, s *Server) string {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		s.Shutdown(ctx)
+		s.Shutdown(ctx, nil)
 	})
 	return ln.Addr().String()
 }

@@ -324,7 +324,11 @@ func loopbackHost(host []byte) bool {
 // ends first it closes every connection left, and returns ctx's error
 // only if requests are still in handlers: a client that does not read
 // its answer, or sends its headers a byte at a time, holds no request.
-func (s *Server) Shutdown(ctx context.Context) error {
+// When ctx's deadline passed, refuse (nil: none) is called before the
+// close: it fails the requests that have not started to run, and reports
+// whether requests are in flight, whose answers (the refused ones' 503s)
+// are then written first, for up to a second.
+func (s *Server) Shutdown(ctx context.Context, refuse func() bool) error {
 	// Not ready from here on, which also ends followed log streams (they
 	// would hold the shutdown until ctx ends otherwise).
 	s.notReady.Store(true)
@@ -333,10 +337,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		metrics.Add(1)
 		go func() {
 			defer metrics.Done()
-			s.metricsConns.shutdown(ctx, m)
+			s.metricsConns.shutdown(ctx, m, nil)
 		}()
 	}
-	err := s.conns.shutdown(ctx, s.srv)
+	err := s.conns.shutdown(ctx, s.srv, refuse)
 	metrics.Wait()
 	return err
 }

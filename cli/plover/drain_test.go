@@ -2,10 +2,12 @@ package main_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +19,12 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
+	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/internal/testkit"
 )
@@ -30,14 +37,9 @@ import (
 // workers' cgroups) rather than leaving them to the end of --grace as if
 // requests still ran.
 func TestSIGTERMClosesConnectionsWithoutRequests(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a server")
-	}
-	bin := buildPlover(t)
 	const grace = 8 * time.Second
-	srv := startServer(t, bin, "--grace", grace.String(), "--metrics-listen", "127.0.0.1:0")
+	srv := servedWithGrace(t, grace, testkit.Slow("slow", 800), "--metrics-listen", "127.0.0.1:0")
 	metrics := srv.metrics
-	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 800), nil))
 	invokeHTTP(srv.url, "slow", []byte("warm"))
 	dial(t, strings.TrimPrefix(srv.url, "http://"))
 	dial(t, metrics)
@@ -55,15 +57,10 @@ func TestSIGTERMClosesConnectionsWithoutRequests(t *testing.T) {
 // they are closed, and the server, with no request running, exits within
 // its bound and cleans up after itself.
 func TestSIGTERMGraceEndsSlowClients(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a server")
-	}
-	bin := buildPlover(t)
 	const grace = 4 * time.Second
-	srv := startServer(t, bin, "--grace", grace.String())
 	m := testkit.Manifest("big")
 	m.MaxInputBytes, m.OutBytes = 64<<20, 64<<20
-	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, m, nil))
+	srv := servedWithGrace(t, grace, m)
 	addr := strings.TrimPrefix(srv.url, "http://")
 
 	send(t, dial(t, addr), []byte("GET /v1/functions HTTP/1.1\r\nHo"))
@@ -142,12 +139,7 @@ func TestSIGTERMFinishesInFlightDeploy(t *testing.T) {
 // SIGTERM leaves the drain to finish: the in-flight request is answered
 // and the server exits 0, rather than dying of the signal.
 func TestSIGHUPDuringDrainIsNoExit(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a server")
-	}
-	bin := buildPlover(t)
-	srv := startServer(t, bin, "--grace", "10s")
-	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 1500), nil))
+	srv := servedWithGrace(t, 10*time.Second, testkit.Slow("slow", 1500))
 	invokeHTTP(srv.url, "slow", []byte("warm"))
 
 	res := invokeInFlight(t, srv, "slow", []byte("drain me"))
@@ -165,6 +157,19 @@ func TestSIGHUPDuringDrainIsNoExit(t *testing.T) {
 	srv.cmd.Process.Signal(syscall.SIGHUP)
 	(<-res).echoed(t, []byte("drain me"), "during shutdown and SIGHUP")
 	exited(t, srv, start, 15*time.Second)
+}
+
+// servedWithGrace starts a server with --grace grace and args, m deployed
+// on it; the test is skipped in -short.
+func servedWithGrace(t *testing.T, grace time.Duration, m *abi.Manifest, args ...string) *server {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := buildPlover(t)
+	srv := startServer(t, bin, append([]string{"--grace", grace.String()}, args...)...)
+	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, m, nil))
+	return srv
 }
 
 // invoked is the outcome of an invoke.
@@ -259,20 +264,16 @@ func send(t *testing.T, c net.Conn, b []byte) {
 // request ended), and the grace's end exited 0 as if the drain had
 // finished.
 func TestADrainCutShortFails(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a server")
-	}
-	bin := buildPlover(t)
 	for _, tc := range []struct {
-		name, grace, says string
-		second            bool
+		name, says string
+		grace      time.Duration
+		second     bool
 	}{
-		{"second signal", "2m", "a second signal", true},
-		{"grace over", "1s", "grace period over with requests still running", false},
+		{"second signal", "a second signal", 2 * time.Minute, true},
+		{"grace over", "grace period over with requests still running", time.Second, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := startServer(t, bin, "--grace", tc.grace)
-			run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 60000), nil))
+			srv := servedWithGrace(t, tc.grace, testkit.Slow("slow", 60000))
 			res := invokeInFlight(t, srv, "slow", []byte("cut me"))
 			waitFor(t, 10*time.Second, "the run to start", func() bool {
 				return metric(t, srv.url, `plover_instances{function="slow",state="busy"}`) >= 1
@@ -299,6 +300,89 @@ func TestADrainCutShortFails(t *testing.T) {
 	}
 }
 
+// TestGraceEndRefusesQueuedRequests: requests still queued when --grace
+// ends (behind the one instance of a function whose run outlasts the
+// grace), which never started, are answered 503 unavailable, the server
+// shutting down, with Retry-After and Connection: close over HTTP, and
+// Unavailable over gRPC; the running request is cut, with no status; the
+// server exits about a second after the grace, its log counting both.
+// All of them were cut bare at the grace's end: a client could not tell
+// the queued ones from the one that ran, and a proxy answered them 502.
+func TestGraceEndRefusesQueuedRequests(t *testing.T) {
+	const grace = 2 * time.Second
+	m := testkit.Slow("slow", 60000)
+	m.MaxInstances = 1
+	srv := servedWithGrace(t, grace, m, "--grpc-listen", "127.0.0.1:0")
+	running := invokeInFlight(t, srv, "slow", []byte("cut me"))
+
+	queued := make(chan *http.Response, 2)
+	for range 2 {
+		go func() {
+			resp, err := http.Post(srv.url+"/v1/functions/slow/invoke", "application/octet-stream", strings.NewReader("refuse me"))
+			if err != nil {
+				t.Errorf("a queued HTTP request got no answer: %v", err)
+			}
+			queued <- resp
+		}()
+	}
+	conn, err := grpc.NewClient(srv.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	queuedGRPC := make(chan error, 1)
+	go func() {
+		_, err := inferBytes(conn, "slow", []byte("refuse me"))
+		queuedGRPC <- err
+	}()
+	waitFor(t, 10*time.Second, "three requests queued", func() bool {
+		return metric(t, srv.url, `plover_queue_depth{function="slow"}`) >= 3
+	})
+
+	start := time.Now()
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	for range 2 {
+		if resp := <-queued; resp != nil {
+			refusedHTTP(t, resp)
+		}
+	}
+	if err := <-queuedGRPC; status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "shutting down") {
+		t.Errorf("the queued gRPC call: %v; want Unavailable, the server shutting down", err)
+	}
+	if r := <-running; r.err == nil || r.code != 0 {
+		t.Errorf("the running request: %d %v %q; want it cut, with no status", r.code, r.err, r.out)
+	}
+	if err := srv.wait(3 * grace); err == nil {
+		t.Errorf("the server exited 0; want a failing status, a request was cut")
+	}
+	took := time.Since(start)
+	t.Logf("the server exited %v after SIGTERM", took.Round(time.Millisecond))
+	if took > grace+2*time.Second {
+		t.Errorf("the server exited %v after SIGTERM; want about a second after --grace %v", took.Round(time.Millisecond), grace)
+	}
+	if !regexp.MustCompile(`grace period over with requests still running.* cut=1 refused=3`).MatchString(srv.log.String()) {
+		t.Errorf("the log does not count 1 request cut and 3 refused:\n%s", srv.log)
+	}
+}
+
+// refusedHTTP fails the test unless resp is the 503 of a request refused
+// as the server shuts down: to retry (Retry-After), on another node
+// (Connection: close).
+func refusedHTTP(t *testing.T, resp *http.Response) {
+	t.Helper()
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var e struct {
+		Error struct{ Code, Message string }
+	}
+	json.NewDecoder(bytes.NewReader(b)).Decode(&e)
+	if resp.StatusCode != http.StatusServiceUnavailable || e.Error.Code != "unavailable" || !strings.Contains(e.Error.Message, "shutting down") ||
+		resp.Header.Get("Retry-After") == "" || !resp.Close {
+		t.Errorf("a queued HTTP request: %d (Retry-After %q, Connection: close %v) %s; want 503 unavailable, the server shutting down, Retry-After and Connection: close",
+			resp.StatusCode, resp.Header.Get("Retry-After"), resp.Close, b)
+	}
+}
+
 // TestAFailedListenerDrainsTheRest: when the API's listener fails (its
 // accept loop ends with an error), the server drains as for a signal,
 // answering the request in flight and cleaning up after itself, and
@@ -308,13 +392,8 @@ func TestADrainCutShortFails(t *testing.T) {
 // server's listening socket (pidfd_getfd) and shuts it down, so that the
 // server's accept fails with EINVAL.
 func TestAFailedListenerDrainsTheRest(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a server")
-	}
-	bin := buildPlover(t)
 	const grace = 8 * time.Second
-	srv := startServer(t, bin, "--grace", grace.String())
-	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 1500), nil))
+	srv := servedWithGrace(t, grace, testkit.Slow("slow", 1500))
 	invokeHTTP(srv.url, "slow", []byte("warm"))
 	res := invokeInFlight(t, srv, "slow", []byte("finish me"))
 	ln := listeningSocket(t, srv.cmd.Process.Pid, strings.TrimPrefix(srv.url, "http://"))

@@ -306,19 +306,23 @@ func TestGRPCHandshakeWithinReadTimeout(t *testing.T) {
 	}
 }
 
+// inferBytes calls ModelInfer on name with in as its one input (UINT8),
+// within 30 s.
+func inferBytes(conn *grpc.ClientConn, name string, in []byte) (*pb.ModelInferResponse, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return pb.NewGRPCInferenceServiceClient(conn).ModelInfer(ctx, &pb.ModelInferRequest{ModelName: name,
+		Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{int64(len(in))}}}, RawInputContents: [][]byte{in}})
+}
+
 // TestSIGTERMDrainsInFlightGRPCCall: a gRPC call running as the server
 // drains is answered, beside a connection that never finished its
 // handshake (which the drain ends), and the server exits within its bound
 // having cleaned up.
 func TestSIGTERMDrainsInFlightGRPCCall(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a server")
-	}
-	bin := buildPlover(t)
 	const grace = 8 * time.Second
-	srv := startServer(t, bin, "--grace", grace.String(), "--grpc-listen", "127.0.0.1:0")
+	srv := servedWithGrace(t, grace, testkit.Slow("slow", 800), "--grpc-listen", "127.0.0.1:0")
 	grpcListen := srv.grpc
-	run(t, bin, []string{"PLOVER_SERVER=" + srv.url}, "deploy", testkit.BundleDir(t, testkit.Slow("slow", 800), nil))
 	invokeHTTP(srv.url, "slow", []byte("warm"))
 	dial(t, grpcListen)
 
@@ -330,10 +334,7 @@ func TestSIGTERMDrainsInFlightGRPCCall(t *testing.T) {
 	in := []byte("drain me")
 	answer := make(chan error, 1)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		r, err := pb.NewGRPCInferenceServiceClient(conn).ModelInfer(ctx, &pb.ModelInferRequest{ModelName: "slow",
-			Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "INPUT0", Datatype: "UINT8", Shape: []int64{int64(len(in))}}}, RawInputContents: [][]byte{in}})
+		r, err := inferBytes(conn, "slow", in)
 		if err == nil && (len(r.RawOutputContents) != 1 || !bytes.HasPrefix(r.RawOutputContents[0], in)) {
 			err = fmt.Errorf("answered %v", r)
 		}
