@@ -155,7 +155,7 @@ func serveCmd() *command {
 			fs.Int64Var(&f.memLimitMB, "memory-limit", 0, "device memory budget in MiB (0: the device's memory; on the host device its RAM or 7/8 of the server's cgroup memory limit, whichever is less)")
 			fs.Int64Var(&f.cacheMB, "cache-limit", 10240, "node bundle cache size in MiB; bundles not in use are evicted LRU (0: no limit)")
 			fs.DurationVar(&f.poll, "poll", 2*time.Second, "how often to re-read function records for deploys and rollbacks made elsewhere (0: never)")
-			fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may finish (0: they are cut at once)")
+			fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight and queued requests may finish; then those not yet running are refused (503), the rest cut (0: at once)")
 			fs.DurationVar(&f.readTimeout, "read-timeout", 60*time.Second, "how long a client may take to send a request: HTTP headers and body (408 past it), a gRPC connection's handshake (closed past it) and a call's message after its headers (the call is cancelled)")
 			fs.DurationVar(&f.writeTimeout, "write-timeout", 60*time.Second, "how long an answer may take to be written once made: an HTTP response, and a gRPC answer written from its function's slot (the connection is closed past it)")
 			fs.StringVar(&f.authFile, "auth-file", "", "bearer tokens with scopes (NAME SCOPES SHA256 [FUNCTIONS] per line; plover token new makes one); re-read on SIGHUP")
