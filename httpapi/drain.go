@@ -32,11 +32,11 @@ type connSet struct {
 	// from a worker's slot written after their handler returned
 	// (answerBody), until closed: the slot is read until then.
 	handlers, answers atomic.Int64
-	// graceOver: the drain's grace is over, and every answer closes its
-	// connection (Connection: close). fasthttp's CloseOnShutdown does so
-	// only until its Shutdown's context ends, and the answers written
-	// after it (requests refused as not started) then kept theirs open.
-	graceOver atomic.Bool
+	// draining: every answer closes its connection (Connection: close).
+	// fasthttp's CloseOnShutdown does so only until its Shutdown's
+	// context ends, and the answers written after it (requests refused at
+	// the end of the grace as not started) kept theirs open.
+	draining atomic.Bool
 	// mu orders a drain's cut with a handler starting on a cut
 	// connection: the handler's read deadline must be the last set.
 	mu sync.Mutex
@@ -358,7 +358,7 @@ func (cs *connSet) handle(h fasthttp.RequestHandler) fasthttp.RequestHandler {
 			defer func() { d.ended.Store(d.reads.Load()) }()
 		}
 		h(ctx)
-		if cs.graceOver.Load() {
+		if cs.draining.Load() {
 			ctx.SetConnectionClose()
 		}
 	}
@@ -413,6 +413,9 @@ func (cs *connSet) closeAll() {
 // answers up to closeWait to be written. It returns ctx's error only when
 // requests were still in handlers.
 func (cs *connSet) shutdown(ctx context.Context, srv *fasthttp.Server, refuse func() bool) error {
+	// From the start: the requests may be refused by another transport's
+	// drain (gRPC's), at the same moment as this one's grace ends.
+	cs.draining.Store(true)
 	done := make(chan error, 1)
 	go func() { done <- srv.ShutdownWithContext(ctx) }()
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -427,11 +430,8 @@ func (cs *connSet) shutdown(ctx context.Context, srv *fasthttp.Server, refuse fu
 			// One wait, for the answers and then for the handlers, so
 			// that the exit comes as soon after the grace as before.
 			end := time.Now().Add(closeWait)
-			if refuse != nil && errors.Is(err, context.DeadlineExceeded) {
-				cs.graceOver.Store(true) // before the refusals' answers
-				if refuse() {
-					cs.awaitAnswers(end)
-				}
+			if refuse != nil && errors.Is(err, context.DeadlineExceeded) && refuse() {
+				cs.awaitAnswers(end)
 			}
 			cs.closeAll()
 			// A handler blocked on its connection, or an answer being
@@ -451,7 +451,7 @@ func (cs *connSet) shutdown(ctx context.Context, srv *fasthttp.Server, refuse fu
 // awaitAnswers waits until end, or until no connection is busy with a
 // request: the answers of the requests refused at the end of the grace
 // (503s) are written meanwhile, each connection closed after its answer
-// (graceOver), where closeAll would have cut them bare. A request still
+// (draining), where closeAll would have cut them bare. A request still
 // running holds its connection until end.
 func (cs *connSet) awaitAnswers(end time.Time) {
 	for time.Now().Before(end) && cs.busy() {
