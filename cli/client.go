@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/plover-run/plover/apierr"
@@ -39,8 +38,9 @@ func serverURL(flagVal string) string {
 // checkServerURL says what is wrong with a --server value that is no
 // server's URL (nil for one that is, and for "", the default): a scheme
 // other than http or https, no host, a port out of range, a query or
-// fragment, or a value that does not parse. Such a value is a command line
-// that cannot run, not a server that cannot be reached.
+// fragment, a path that ends in /v1 or /v2, or a value that does not
+// parse. Such a value is a command line that cannot run, not a server that
+// cannot be reached.
 func checkServerURL(s string) error {
 	if s == "" {
 		return nil
@@ -69,6 +69,13 @@ func checkServerURL(s string) error {
 		return fmt.Errorf("no host but %q: a ':' missing after the scheme?", u.Hostname())
 	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
 		return errors.New("a query or fragment: give the server's base URL (http://HOST:PORT)")
+	case apiVersionPath(u.Path):
+		// Each command adds its own /v1/...: this asked /v1/v1/... and read
+		// a 404 "no route" that named no fix.
+		base := *u
+		base.Path = strings.TrimRight(u.Path, "/")
+		base.Path = base.Path[:len(base.Path)-len("/v1")]
+		return fmt.Errorf("the API's path in it: give the server's base URL, %s (each command adds /v1/... itself)", base.String())
 	}
 	if p := u.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
@@ -76,6 +83,13 @@ func checkServerURL(s string) error {
 		}
 	}
 	return nil
+}
+
+// apiVersionPath says whether a --server's path ends in an API version,
+// /v1 or /v2: the URL of the API, not of the server.
+func apiVersionPath(p string) bool {
+	p = strings.TrimRight(p, "/")
+	return strings.HasSuffix(p, "/v1") || strings.HasSuffix(p, "/v2")
 }
 
 // errUserInfo refuses a server URL with a user or password: the server
@@ -200,10 +214,17 @@ type apiError struct {
 	// RetryAfter is the wait the answer's Retry-After asks for (429 busy
 	// and rate_limited, a 503), rounded up to whole seconds; 0 without one.
 	RetryAfter time.Duration
+	// Foreign is the request ("GET URL") of an answer that is not
+	// plover's (Code "http"), which the message names instead of
+	// "server said"; "" for plover's own.
+	Foreign string
 }
 
 func (e *apiError) Error() string {
 	s := fmt.Sprintf("server said %d %s: %s", e.Status, e.Code, e.Message)
+	if e.Foreign != "" {
+		s = fmt.Sprintf("%s answered %d %s: %s", e.Foreign, e.Status, http.StatusText(e.Status), e.Message)
+	}
 	// A rate limit's message says its wait itself ("retry in 1 s"): said
 	// twice, it read as two waits.
 	if e.RetryAfter > 0 && !strings.Contains(e.Message, "retry in ") {
@@ -257,7 +278,7 @@ func (c *client) doRequest(ctx context.Context, method, path, contentType string
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, c.transportError(ctx, err, &conn, limit)
+		return nil, c.transportError(ctx, err, &conn, req.URL, limit)
 	}
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
@@ -272,38 +293,29 @@ func (c *client) doRequest(ctx context.Context, method, path, contentType string
 			}
 			return nil, &apiError{Status: resp.StatusCode, Code: e.Error.Code, Message: msg, RetryAfter: retryAfter(resp.Header, time.Now())}
 		}
-		// Not plover's error: a proxy's page, of any size.
-		return nil, &apiError{Status: resp.StatusCode, Code: "http", Message: bodyStart(b), RetryAfter: retryAfter(resp.Header, time.Now())}
+		// Not plover's error: another service at --server, a proxy's page,
+		// of any size. Said as plover's ("server said 501 http: <!DOCTYPE
+		// ...") it read as plover's own refusal.
+		return nil, &apiError{Status: resp.StatusCode, Code: "http", Message: foreignAnswer(b), RetryAfter: retryAfter(resp.Header, time.Now()),
+			Foreign: method + " " + c.base + path}
 	}
 	return resp, nil
 }
 
-// exchange records how far a request got: a connection, then the whole
-// request written to it.
-type exchange struct {
-	connected, wrote atomic.Bool
-}
-
-func (x *exchange) trace() *httptrace.ClientTrace {
-	return &httptrace.ClientTrace{
-		GotConn: func(httptrace.GotConnInfo) { x.connected.Store(true) },
-		WroteRequest: func(i httptrace.WroteRequestInfo) {
-			if i.Err == nil {
-				x.wrote.Store(true)
-			}
-		},
-	}
-}
-
-// transportError says how a request that got no answer failed: no
+// transportError says how a request that got no answer failed: a scheme
+// or certificate that does not match the server (schemeMismatch: nothing
+// ran, which the branches below would not have said), no
 // connection made (no server there: how to start one), no answer within
 // limit (the client's wait), or the connection cut after the request went
 // out (the server may have run it: a client that sends it again may run it
 // twice), or while it was being sent. A reason ctx was cancelled with (a
 // stalled upload's) is the error.
-func (c *client) transportError(ctx context.Context, err error, x *exchange, limit time.Duration) error {
+func (c *client) transportError(ctx context.Context, err error, x *exchange, u *url.URL, limit time.Duration) error {
 	if cause := context.Cause(ctx); cause != nil && cause != ctx.Err() {
 		return fmt.Errorf("the plover server at %s: %w", c.base, cause)
+	}
+	if m := schemeMismatch(err, x, u); m != nil {
+		return fmt.Errorf("the plover server at %s read no request, so nothing ran: %w", c.base, m)
 	}
 	if !x.connected.Load() {
 		return fmt.Errorf("cannot reach the plover server at %s (start one with 'plover serve', or set --server / PLOVER_SERVER): %w", c.base, err)

@@ -313,7 +313,7 @@ func TestAPIErrorSaysRetryAfter(t *testing.T) {
 	for _, tt := range []struct{ name, want string }{
 		{"limited", "plover versions: server said 429 rate_limited: token app is over its rate (retry after 7 s)\n"},
 		{"gated", "plover versions: server said 429 rate_limited: token app is over its rate of 1 requests/s (burst 1, auth file): retry in 1 s\n"},
-		{"down", "plover versions: server said 503 http: the proxy's own page (retry after 30 s)\n"},
+		{"down", "/v1/functions/down/versions answered 503 Service Unavailable: not plover's answer (another service at --server, or a proxy's page?): it began \"the proxy's own page\" (retry after 30 s)\n"},
 		{"f", "plover versions: server said 404 not_found: function f not found\n"},
 	} {
 		_, errs, code := runMain(t, nil, "versions", tt.name, "--server", srv.URL)
@@ -363,7 +363,7 @@ func TestAnswersNotPloversJSON(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"versions", "bad"}, fmt.Sprintf("plover versions: server said 502 http: %s... (%d bytes)\n", page[:200], len(page))},
+		{[]string{"versions", "bad"}, fmt.Sprintf("plover versions: GET %s/v1/functions/bad/versions answered 502 Bad Gateway: not plover's answer (another service at --server, or a proxy's page?): it began %q... (%d bytes)\n", srv.URL, page[:60], len(page))},
 		{[]string{"versions", "fn"}, "plover versions: GET " + srv.URL + "/v1/functions/fn/versions answered 200 OK, and not with plover's JSON (Content-Type \"text/html; charset=utf-8\"): reading it: invalid character '<'"},
 		{[]string{"ls"}, "plover ls: GET " + srv.URL + "/v1/functions answered 200 OK, and not with plover's JSON (Content-Type \"text/html; charset=utf-8\")"},
 		{[]string{"gc"}, "plover gc: POST " + srv.URL + "/v1/gc?grace=1m0s answered 200 OK, and not with plover's JSON"},
@@ -374,7 +374,7 @@ func TestAnswersNotPloversJSON(t *testing.T) {
 		}
 	}
 	// Cut between characters: the cut é is not half of one.
-	if got := bodyStart([]byte(strings.Repeat("a", 199) + "é")); got != strings.Repeat("a", 199)+"... (201 bytes)" {
-		t.Errorf("bodyStart cut inside a character: %q", got)
+	if got := quoteStart(strings.Repeat("a", 59)+"é", 60); got != `"`+strings.Repeat("a", 59)+`"... (61 bytes)` {
+		t.Errorf("quoteStart cut inside a character: %q", got)
 	}
 }

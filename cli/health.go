@@ -2,8 +2,6 @@ package cli
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -14,12 +12,10 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/plover-run/plover/api"
-	"github.com/plover-run/plover/errdefs"
 )
 
 // plover health's exit statuses. 0 and 2 are every command's (Main): a
@@ -147,11 +143,11 @@ func (c *client) probe(path string, timeout time.Duration, res *healthResult) (s
 		return "", &exitError{healthUnreachable, fmt.Errorf("GET %s: %w", target, err)}
 	}
 	req.Header.Set("Accept", "application/json")
-	var x probeTrace
+	var x exchange
 	req = req.WithContext(httptrace.WithClientTrace(req.Context(), x.trace()))
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return "", &exitError{healthUnreachable, fmt.Errorf("GET %s: no answer: %s", target, unreachableReason(err, &x, req.URL.Scheme == "https", timeout))}
+		return "", &exitError{healthUnreachable, fmt.Errorf("GET %s: no answer: %w", target, unreachableReason(err, &x, req.URL, timeout))}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, healthBodyMax))
@@ -234,95 +230,39 @@ func answerReason(path string, body []byte) string {
 			return h.Error.Code + ": " + h.Error.Message
 		}
 	}
-	s := bodyStart(body)
-	if s == "" {
-		return "an empty body"
-	}
-	return "not plover's answer? " + s
-}
-
-// bodyStart is, for a message, the start of a body that is not plover's
-// JSON (a proxy's HTML error page): its first 200 bytes, cut between
-// characters, and its length. A 200 KB page was printed whole.
-func bodyStart(body []byte) string {
-	return errdefs.Clip(strings.TrimSpace(string(body)), 200)
+	return foreignAnswer(body)
 }
 
 // unreachableReason says in a few words why no answer came, and what
 // likely fixes it, for a probe's log: refused, timed out (before or after
-// the connection), TLS, an unknown host, or the connection cut.
-func unreachableReason(err error, x *probeTrace, tlsURL bool, timeout time.Duration) string {
+// the connection), a scheme or certificate that does not match the server
+// (schemeMismatch, every command's), an unknown host, or the connection
+// cut.
+func unreachableReason(err error, x *exchange, u *url.URL, timeout time.Duration) error {
 	var (
-		dns     *net.DNSError
-		unknown x509.UnknownAuthorityError
-		host    x509.HostnameError
-		invalid x509.CertificateInvalidError
-		record  tls.RecordHeaderError
-		verify  *tls.CertificateVerificationError
-		ne      net.Error
+		dns *net.DNSError
+		ne  net.Error
 	)
 	switch {
 	case errors.Is(err, syscall.ECONNREFUSED):
-		return "connection refused: nothing listens there (is plover serve running, with this --listen?)"
+		return errors.New("connection refused: nothing listens there (is plover serve running, with this --listen?)")
 	case errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
 		switch {
 		case !x.dialed.Load():
-			return fmt.Sprintf("no connection within %v (timeout): a firewall dropping it, or the host down", timeout)
+			return fmt.Errorf("no connection within %v (timeout): a firewall dropping it, or the host down", timeout)
 		case !x.connected.Load():
-			return fmt.Sprintf("connected, but no TLS handshake within %v (timeout)", timeout)
+			return fmt.Errorf("connected, but no TLS handshake within %v (timeout)", timeout)
 		}
-		return fmt.Sprintf("connected, but no answer within %v (timeout): the server is stuck or overloaded", timeout)
-	case errors.As(err, &unknown), errors.As(err, &host), errors.As(err, &invalid), errors.As(err, &verify):
-		return fmt.Sprintf("TLS: the server's certificate is not trusted (%v); give its CA with --cacert or $PLOVER_CACERT", tlsCause(err))
-	case errors.As(err, &record), strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
-		return "TLS handshake failed: the server speaks plain HTTP there (use http://)"
+		return fmt.Errorf("connected, but no answer within %v (timeout): the server is stuck or overloaded", timeout)
+	}
+	if m := schemeMismatch(err, x, u); m != nil {
+		return m
+	}
+	switch {
 	case errors.As(err, &dns):
-		return fmt.Sprintf("cannot resolve %s: %v", dns.Name, dns.Err)
+		return fmt.Errorf("cannot resolve %s: %s", dns.Name, dns.Err)
 	case x.connected.Load():
-		hint := ""
-		if !tlsURL && errors.Is(err, io.EOF) {
-			// What plover serve's TLS listener does with plain HTTP: it
-			// closes without a word, so this is the likely cause.
-			hint = " (a TLS listener closes plain HTTP so: for a server with --tls-cert, use https://)"
-		}
-		return fmt.Sprintf("the connection was cut before an answer: %v%s", cause(err), hint)
-	}
-	return cause(err).Error()
-}
-
-// probeTrace records how far a probe got, so that a timeout can say where
-// it stopped: the TCP connection, the TLS handshake, or the answer.
-type probeTrace struct {
-	dialed, connected atomic.Bool
-}
-
-func (p *probeTrace) trace() *httptrace.ClientTrace {
-	return &httptrace.ClientTrace{
-		ConnectDone: func(_, _ string, err error) {
-			if err == nil {
-				p.dialed.Store(true)
-			}
-		},
-		GotConn: func(httptrace.GotConnInfo) { p.connected.Store(true) },
-	}
-}
-
-// tlsCause is the verification failure itself, without the URL and the
-// method the http client wraps it in.
-func tlsCause(err error) error {
-	var verify *tls.CertificateVerificationError
-	if errors.As(err, &verify) && verify.Err != nil {
-		return verify.Err
+		return fmt.Errorf("the connection was cut before an answer: %w", cause(err))
 	}
 	return cause(err)
-}
-
-// cause unwraps the http client's *url.Error, whose text repeats the method
-// and URL that the message already names.
-func cause(err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return ue.Err
-	}
-	return err
 }

@@ -89,6 +89,9 @@ func TestHealth(t *testing.T) {
 	t.Cleanup(tlsOK.Close)
 	ca := writeCA(t, tlsOK)
 
+	tlsPlover, _, _ := tlsPloverServer(t)
+	httpToTLS := strings.Replace(tlsPlover, "https://", "http://", 1)
+
 	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "404 page not found", http.StatusNotFound)
 	}))
@@ -129,9 +132,11 @@ func TestHealth(t *testing.T) {
 		{"TLS without its CA", nil, []string{"--server", tlsOK.URL}, 3, "",
 			[]string{"GET " + tlsOK.URL + "/healthz: no answer: TLS: the server's certificate is not trusted", "--cacert"}},
 		{"https to a plain server", nil, []string{"--server", strings.Replace(healthy, "http://", "https://", 1)}, 3, "",
-			[]string{"no answer: TLS handshake failed: the server speaks plain HTTP there (use http://)"}},
+			[]string{"no answer: TLS handshake failed: the server speaks plain HTTP there (use " + healthy + ")"}},
+		{"http to a TLS listener", nil, []string{"--server", httpToTLS}, 3, "",
+			[]string{"GET " + httpToTLS + "/healthz: no answer: the server speaks TLS there and closed this plain-HTTP request unread, before any TLS handshake (use " + tlsPlover + ")"}},
 		{"not plover", nil, []string{"--server", other.URL}, 1, "",
-			[]string{"GET " + other.URL + "/healthz answered 404 Not Found: not plover's answer? 404 page not found"}},
+			[]string{"GET " + other.URL + "/healthz answered 404 Not Found: not plover's answer (another service at --server, or a proxy's page?): it began \"404 page not found\""}},
 		// --json: the same exit status, the answer whatever it was.
 		{"json, healthy", nil, []string{"--server", healthy, "--json"}, 0,
 			`"http_status": 200,`, nil},
@@ -140,7 +145,7 @@ func TestHealth(t *testing.T) {
 		{"json, nothing listens", nil, []string{"--server", closed, "--json"}, 3,
 			`"error": "GET ` + closed + `/healthz: no answer: connection refused`, []string{"connection refused"}},
 		{"json, not plover", nil, []string{"--server", other.URL, "--json"}, 1,
-			`"http_status": 404,`, []string{"not plover's answer?"}},
+			`"http_status": 404,`, []string{"not plover's answer ("}},
 		{"zero timeout", nil, []string{"--server", healthy, "--timeout", "0s"}, 2, "",
 			[]string{"--timeout 0s: want a positive duration"}},
 		{"unreadable CA", nil, []string{"--server", tlsOK.URL, "--cacert", filepath.Join(t.TempDir(), "none.pem")}, 2, "",
