@@ -84,7 +84,7 @@ func tlsPloverServer(t *testing.T) (string, string, *engine.Engine) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		srv.Shutdown(ctx)
+		srv.Shutdown(ctx, nil)
 	})
 	return scheme + "://" + ln.Addr().String(), cert, e
 }
