@@ -34,6 +34,13 @@ func (p *proc) call(ctx context.Context, g *program, c wire.Control, fds []int, 
 	return p.callTurn(ctx, 0, g, c, fds, during)
 }
 
+// runsBundleCode reports whether a control call may run bundle code, so
+// that what the worker prints meanwhile may be its program's. A slot's
+// registration or drop runs none: counted as its program's, it made a
+// sibling's lines in a tenant's worker nobody's (tenantOutput), at every
+// idle slot's drop, 30 s after any burst.
+func runsBundleCode(op byte) bool { return op != wire.OpSlot && op != wire.OpDropSlot }
+
 // callTurn is call whose own bound, when not 0, starts once the channel is
 // its turn: the wait behind a sibling's calls (a tenant's worker) ends with
 // ctx, the call itself after bound. A call that would go out with less
@@ -63,11 +70,7 @@ func (p *proc) callTurn(ctx context.Context, bound time.Duration, g *program, c 
 	} else if dl, _ := ctx.Deadline(); time.Until(dl) < p.minCallTime() {
 		return nil, fmt.Errorf("%w: too little of its time was left once the worker's control channel was free (%s)", device.ErrNotStarted, during)
 	}
-	// A slot's registration or drop runs no bundle code: nothing the
-	// worker prints meanwhile is g's, and counted as g's it made a
-	// sibling's lines in a tenant's worker nobody's (tenantOutput). An
-	// idle slot's drop comes 30 s after any burst.
-	speaks := c.Op != wire.OpSlot && c.Op != wire.OpDropSlot
+	speaks := runsBundleCode(c.Op)
 	p.mu.Lock()
 	gone := p.ctlGone
 	p.ctlBusy, p.calling = !gone, during
