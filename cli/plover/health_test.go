@@ -63,7 +63,7 @@ func TestHealthCommand(t *testing.T) {
 		{"TLS without its CA", []string{"--server", secure.url}, 3, "",
 			"GET " + secure.url + "/healthz: no answer: TLS: the server's certificate is not trusted"},
 		{"plain HTTP to TLS", []string{"--server", asHTTP}, 3, "",
-			"GET " + asHTTP + "/healthz: no answer: the connection was cut before an answer: EOF (a TLS listener closes plain HTTP so: for a server with --tls-cert, use https://)"},
+			"GET " + asHTTP + "/healthz: no answer: the server speaks TLS there and closed this plain-HTTP request unread, before any TLS handshake (use " + secure.url + ")"},
 		{"unreadable CA", []string{"--server", secure.url, "--cacert", filepath.Join(dir, "none.pem")}, 2, "", "--cacert: open "},
 	}
 	for _, tt := range tests {
