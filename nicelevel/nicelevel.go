@@ -106,21 +106,38 @@ func SetThread(tid, nice int, slice time.Duration) error {
 // (before Linux 6.12 sched_getattr reports none), or where this process's
 // threads' policy takes none.
 func DefaultSlice() time.Duration {
-	c := make(chan time.Duration)
+	type probe struct {
+		slice time.Duration
+		tid   int
+	}
+	c := make(chan probe, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		tid := unix.Gettid()
 		a, err := Thread(0)
 		if err != nil || !a.Sliced() || a.Slice == 0 || SetThread(0, a.Nice, 0) != nil {
-			c <- 0
+			c <- probe{0, tid}
 			return
 		}
 		if a, err = Thread(0); err != nil {
-			c <- 0
+			c <- probe{0, tid}
 			return
 		}
-		c <- a.Slice
+		c <- probe{a.Slice, tid}
 	}()
-	return <-c
+	p := <-c
+	// The probe's thread, at the default slice now, may yet make one of
+	// the runtime's threads (its send wakes a goroutine, which may start
+	// a thread from it), which would take that slice: waited for until it
+	// is gone, so that every thread it made exists when the caller sets
+	// the process's threads (SliceProcess), which once left such a thread
+	// at the default (a test saw one, under load).
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if _, err := os.Stat(fmt.Sprintf("/proc/self/task/%d", p.tid)); err != nil {
+			break
+		}
+	}
+	return p.slice
 }
 
 // SliceProcess gives every thread of the calling process slice d (0: the
