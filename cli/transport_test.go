@@ -2,16 +2,9 @@ package cli
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -29,45 +22,12 @@ import (
 	"github.com/plover-run/plover/internal/testkit"
 )
 
-// writeSelfSigned writes a certificate for 127.0.0.1, its own CA, and its
-// key to PEM files, and returns their paths.
-func writeSelfSigned(t *testing.T) (cert, key string) {
-	t.Helper()
-	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "plover test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, IsCA: true, BasicConstraintsValid: true,
-		KeyUsage:    x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalPKCS8PrivateKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	cert, key = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	for path, b := range map[string]*pem.Block{cert: {Type: "CERTIFICATE", Bytes: der}, key: {Type: "PRIVATE KEY", Bytes: kb}} {
-		if err := os.WriteFile(path, pem.EncodeToMemory(b), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return cert, key
-}
-
 // tlsPloverServer serves the real HTTP API behind plover serve's own
 // listener with --tls-cert (the connection guard, then TLS) and returns
 // its https URL, the CA file that trusts it, and its engine.
 func tlsPloverServer(t *testing.T) (string, string, *engine.Engine) {
 	t.Helper()
-	cert, key := writeSelfSigned(t)
+	ca, cert, key, _ := testkit.WriteCerts(t, t.TempDir())
 	d, err := newFrontDoor(&serveFlags{listen: "127.0.0.1:0", tlsCert: cert, tlsKey: key}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +46,7 @@ func tlsPloverServer(t *testing.T) (string, string, *engine.Engine) {
 		defer cancel()
 		srv.Shutdown(ctx, nil)
 	})
-	return scheme + "://" + ln.Addr().String(), cert, e
+	return scheme + "://" + ln.Addr().String(), ca, e
 }
 
 // A --server whose scheme or certificate does not match the server, or

@@ -25,7 +25,7 @@ func TestClientSlotsComeBack(t *testing.T) {
 	}
 	bin := buildPlover(t)
 	const perClient = 3
-	ca, cert, key, caPEM := writeCerts(t, t.TempDir())
+	ca, cert, key, caPEM := testkit.WriteCerts(t, t.TempDir())
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
 	post := func(path string, n int) []byte {

@@ -255,7 +255,7 @@ func TestGRPCTLS(t *testing.T) {
 	gcurl := grpcurl(t)
 	bin := buildPlover(t)
 	dir := t.TempDir()
-	ca, cert, key, caPEM := writeCerts(t, dir)
+	ca, cert, key, caPEM := testkit.WriteCerts(t, dir)
 	srv := startIsoServer(t, bin, t.TempDir(), nil, "--tls-cert", cert, "--tls-key", key, "--grpc-listen", "127.0.0.1:0")
 	addr := grpcAddr(t, srv)
 	proto := filepath.Join(testkit.Root(), "grpcapi", "inferencepb")

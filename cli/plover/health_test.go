@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/plover-run/plover/internal/testkit"
 )
 
 // health runs plover health with args and returns its exit status and
@@ -40,7 +42,7 @@ func TestHealthCommand(t *testing.T) {
 	}
 	bin := buildPlover(t)
 	dir := t.TempDir()
-	ca, cert, key, _ := writeCerts(t, dir)
+	ca, cert, key, _ := testkit.WriteCerts(t, dir)
 	plain := startIsoServer(t, bin, t.TempDir(), nil)
 	secure := startIsoServer(t, bin, t.TempDir(), nil, "--tls-cert", cert, "--tls-key", key)
 	if !strings.HasPrefix(secure.url, "https://") {

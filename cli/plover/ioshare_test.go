@@ -374,7 +374,7 @@ func workerPIDVia(t *testing.T, hc *http.Client, url, fn string) int {
 func TestIOTurnsOverTLS(t *testing.T) {
 	bin := buildPlover(t)
 	dir := t.TempDir()
-	ca, cert, key, _ := writeCerts(t, dir)
+	ca, cert, key, _ := testkit.WriteCerts(t, dir)
 	srv := startIsoServer(t, bin, t.TempDir(), nil, "--tls-cert", cert, "--tls-key", key, "--io-shares", "on", "--io-slots", "1")
 	env := []string{"PLOVER_SERVER=" + srv.url, "PLOVER_CACERT=" + ca}
 	echoBig(t, bin, env)

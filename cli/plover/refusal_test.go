@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/plover-run/plover/grpcapi/inferencepb"
+	"github.com/plover-run/plover/internal/testkit"
 )
 
 // TestARefusedConnectionSaysWhy: past --max-conns an HTTP client reads a
@@ -28,7 +29,7 @@ func TestARefusedConnectionSaysWhy(t *testing.T) {
 		t.Skip("builds binaries and starts servers")
 	}
 	bin := buildPlover(t)
-	_, cert, key, caPEM := writeCerts(t, t.TempDir())
+	_, cert, key, caPEM := testkit.WriteCerts(t, t.TempDir())
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
 	tlsConf := &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}

@@ -3,15 +3,8 @@ package main_test
 import (
 	"bufio"
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -226,7 +219,7 @@ func TestTLSAndNonLoopback(t *testing.T) {
 	}
 	bin := buildPlover(t)
 	dir := t.TempDir()
-	ca, cert, key, _ := writeCerts(t, dir)
+	ca, cert, key, _ := testkit.WriteCerts(t, dir)
 	authFile := filepath.Join(dir, "tokens")
 	toks := writeAuthFile(t, authFile, [][3]string{{"root", "admin", "*"}})
 	srv := startIsoServer(t, bin, t.TempDir(), nil, "--auth-file", authFile, "--tls-cert", cert, "--tls-key", key)
@@ -259,7 +252,7 @@ func TestTLSAndNonLoopback(t *testing.T) {
 	t.Run("certificate-rotation", func(t *testing.T) {
 		// A certificate from another CA replaces the files; SIGHUP: the
 		// server presents it, so clients that trust only the old CA fail.
-		ca2PEM, cert2PEM, key2PEM := makeCerts(t)
+		ca2PEM, cert2PEM, key2PEM := testkit.Certs(t)
 		ca2 := filepath.Join(dir, "ca2.pem")
 		os.WriteFile(ca2, ca2PEM, 0o644)
 		os.WriteFile(cert, cert2PEM, 0o644)
@@ -324,50 +317,6 @@ func TestTLSAndNonLoopback(t *testing.T) {
 			cmd.Wait()
 		}
 	})
-}
-
-// writeCerts writes makeCerts' CA, certificate and key into dir and
-// returns their paths and the CA's PEM.
-func writeCerts(t *testing.T, dir string) (ca, cert, key string, caPEM []byte) {
-	t.Helper()
-	caPEM, certPEM, keyPEM := makeCerts(t)
-	ca, cert, key = filepath.Join(dir, "ca.pem"), filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	for _, f := range []struct {
-		path string
-		b    []byte
-	}{{ca, caPEM}, {cert, certPEM}, {key, keyPEM}} {
-		if err := os.WriteFile(f.path, f.b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return ca, cert, key, caPEM
-}
-
-// makeCerts returns a CA and a server certificate for 127.0.0.1 it signed.
-func makeCerts(t *testing.T) (caPEM, certPEM, keyPEM []byte) {
-	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "plover test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		KeyUsage: x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, _ := x509.MarshalECPrivateKey(key)
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
 }
 
 // TestHostileClients: connections past the cap, header-only requests that

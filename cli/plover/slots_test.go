@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/plover-run/plover/internal/testkit"
 )
 
 // Uploads that never send their bodies hold none of their function's
@@ -109,7 +111,7 @@ func TestPausedUploadsGiveTheirSlotsBack(t *testing.T) {
 			client, dial := http.DefaultClient, func(addr string) (net.Conn, error) { return net.Dial("tcp", addr) }
 			var env []string
 			if overTLS {
-				ca, cert, key, caPEM := writeCerts(t, t.TempDir())
+				ca, cert, key, caPEM := testkit.WriteCerts(t, t.TempDir())
 				args = append(args, "--tls-cert", cert, "--tls-key", key)
 				pool := x509.NewCertPool()
 				pool.AppendCertsFromPEM(caPEM)
