@@ -31,7 +31,7 @@ func (n *node) drain(force context.Context, f *serveFlags, t *transports, log *s
 	} else {
 		grpcDrained <- true
 	}
-	err := t.srv.Shutdown(sctx, refuse)
+	err := t.srv.Shutdown(sctx) // refuses as the gRPC drain does (httpapi.Options.RefuseQueued)
 	if !<-grpcDrained && err == nil {
 		err = context.DeadlineExceeded
 	}

@@ -556,7 +556,8 @@ type transports struct {
 // unauthenticated metrics address (--metrics-listen).
 func startTransports(ctx context.Context, f *serveFlags, n *node, front *frontDoor, door *frontdoor.Door, reg *prometheus.Registry, log *slog.Logger) (*transports, error) {
 	opts := httpapi.Options{MaxBodyBytes: f.maxBodyMB << 20, MaxConns: front.guard.Max, Log: log, Version: Version, Registry: reg, BodyBudget: front.budget,
-		ReadTimeout: f.readTimeout, WriteTimeout: f.writeTimeout, NoConsole: !f.console, Origins: f.origins}
+		ReadTimeout: f.readTimeout, WriteTimeout: f.writeTimeout, NoConsole: !f.console, Origins: f.origins,
+		RefuseQueued: n.eng.RefuseQueued}
 	if f.isolation == "process" {
 		opts.CPUWeights = func() (string, string) { return n.cpu.Mechanism(), n.cpu.OffReason() } // nil: "off"
 	}

@@ -44,7 +44,7 @@ func tlsPloverServer(t *testing.T) (string, string, *engine.Engine) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		srv.Shutdown(ctx, nil)
+		srv.Shutdown(ctx)
 	})
 	return scheme + "://" + ln.Addr().String(), ca, e
 }

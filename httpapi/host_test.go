@@ -36,7 +36,7 @@ func serveOn(t *testing.T, srv *httpapi.Server, ln net.Listener, serve func(net.
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		srv.Shutdown(ctx, nil)
+		srv.Shutdown(ctx)
 	})
 	return "http://127.0.0.1:" + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 }

@@ -214,7 +214,7 @@ func servedOn(t *testing.T, s *Server) string {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		s.Shutdown(ctx, nil)
+		s.Shutdown(ctx)
 	})
 	return ln.Addr().String()
 }

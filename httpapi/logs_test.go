@@ -191,7 +191,7 @@ func TestLogsFollowEndsAtShutdown(t *testing.T) {
 	f := <-adm.followers
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := srv.Shutdown(ctx, nil); err != nil {
+	if err := srv.Shutdown(ctx); err != nil {
 		t.Fatalf("Shutdown with a follower: %v", err)
 	}
 	closedWithin(t, f, 5*time.Second, "the server shut down")

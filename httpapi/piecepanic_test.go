@@ -173,7 +173,7 @@ func TestPanicInAPieceRestoresItsThread(t *testing.T) {
 			t.Cleanup(func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
-				srv.Shutdown(ctx, nil)
+				srv.Shutdown(ctx)
 			})
 
 			c, err := net.Dial("tcp", ln.Addr().String())

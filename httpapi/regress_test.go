@@ -95,7 +95,7 @@ func TestShutdownDrainsQueuedRequests(t *testing.T) {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := srv.Shutdown(sctx, nil); err != nil {
+	if err := srv.Shutdown(sctx); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
@@ -138,7 +138,7 @@ func TestEarlyAnswerReachesSendingClient(t *testing.T) {
 	}
 	ln := netguard.NewListener(inner, 0)
 	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Shutdown(context.Background(), nil) })
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
 	body := bytes.Repeat([]byte{7}, 8<<20)
 	for _, tc := range []struct {
 		fn   string

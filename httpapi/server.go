@@ -91,6 +91,12 @@ type Options struct {
 	// browser's Origin naming the proxy, and its browser sends no
 	// Sec-Fetch-Site to say same-origin (only secure contexts do).
 	Origins []string
+	// RefuseQueued, when set, is called at the end of a Shutdown whose
+	// context's deadline passed, before the connections close: it fails
+	// the requests that have not started to run (engine.RefuseQueued)
+	// and reports whether requests are in flight, whose answers (the
+	// refused ones' 503s) are then written first, for up to a second.
+	RefuseQueued func() bool
 }
 
 // Server serves the Plover HTTP API.
@@ -324,11 +330,9 @@ func loopbackHost(host []byte) bool {
 // ends first it closes every connection left, and returns ctx's error
 // only if requests are still in handlers: a client that does not read
 // its answer, or sends its headers a byte at a time, holds no request.
-// When ctx's deadline passed, refuse (nil: none) is called before the
-// close: it fails the requests that have not started to run, and reports
-// whether requests are in flight, whose answers (the refused ones' 503s)
-// are then written first, for up to a second.
-func (s *Server) Shutdown(ctx context.Context, refuse func() bool) error {
+// When ctx's deadline passed, Options.RefuseQueued is called before the
+// close.
+func (s *Server) Shutdown(ctx context.Context) error {
 	// Not ready from here on, which also ends followed log streams (they
 	// would hold the shutdown until ctx ends otherwise).
 	s.notReady.Store(true)
@@ -340,7 +344,7 @@ func (s *Server) Shutdown(ctx context.Context, refuse func() bool) error {
 			s.metricsConns.shutdown(ctx, m, nil)
 		}()
 	}
-	err := s.conns.shutdown(ctx, s.srv, refuse)
+	err := s.conns.shutdown(ctx, s.srv, s.opts.RefuseQueued)
 	metrics.Wait()
 	return err
 }

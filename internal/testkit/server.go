@@ -100,7 +100,7 @@ func ServeWith(t testing.TB, srv *httpapi.Server) string {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		srv.Shutdown(ctx, nil)
+		srv.Shutdown(ctx)
 	})
 	return "http://" + ln.Addr().String()
 }
