@@ -47,9 +47,13 @@ func buildCmd() *command {
 		example: "  plover build saxpy                 # saxpy/build/host (plover.json's target)\n" +
 			"  plover build saxpy --target all    # and saxpy/build/cuda, with nvcc\n" +
 			"Compilers: $CXX (default g++) for host, $NVCC (default nvcc) for cuda.",
+		// $PLOVER_OUT is plover invoke's and run's output file: exported
+		// for them, build made a directory of that name, and the next
+		// invoke could not write its output there.
+		noEnv: []string{"out"},
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&target, "target", "", strings.Join(known, ", ")+" or all (default: plover.json's target)")
-			fs.StringVar(&out, "out", "", "put the bundles in OUT/<target> (default DIR/"+BuildDir+")")
+			fs.StringVar(&out, "out", "", "put the bundles in OUT/<target> (default DIR/"+BuildDir+"); not read from $PLOVER_OUT, which is plover invoke's and run's output file")
 			fs.BoolVar(&asJSON, "json", false, `print {"bundles": [{"target","dir","library","library_bytes","constants","constants_bytes"}]} to stdout (compiler lines stay on stderr)`)
 		},
 		run: func(_ *flag.FlagSet, args []string, env *Env) error {

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"os/exec"
@@ -625,5 +627,26 @@ func TestInitDirSlips(t *testing.T) {
 	}
 	if _, err := os.Lstat("~"); err == nil {
 		t.Errorf("a directory named ~ was made")
+	}
+}
+
+// plover build reads no $PLOVER_OUT: that is plover invoke's and run's
+// output file, and a build in a shell that exported it made a directory
+// of that name, where the next invoke could not write its output.
+func TestBuildReadsNoPloverOut(t *testing.T) {
+	compilerFor(t, abi.TargetHost)
+	dir := initDir(t, "noout")
+	result := filepath.Join(t.TempDir(), "result.bin")
+	if _, errs, code := runMain(t, envOf(map[string]string{"PLOVER_OUT": result}), "build", dir); code != 0 {
+		t.Fatalf("build with $PLOVER_OUT set: exit %d: %s", code, errs)
+	}
+	if _, err := os.Stat(filepath.Join(dir, BuildDir, abi.TargetHost, abi.ManifestFile)); err != nil {
+		t.Errorf("the bundle is not in DIR/%s/%s: %v", BuildDir, abi.TargetHost, err)
+	}
+	if _, err := os.Stat(result); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("build made %s from $PLOVER_OUT (stat: %v)", result, err)
+	}
+	if out, _, _ := runMain(t, nil, "build", "--help"); !strings.Contains(out, "(the command line wins): PLOVER_JSON, PLOVER_TARGET.") {
+		t.Errorf("build --help lists PLOVER_OUT among its variables:\n%s", out)
 	}
 }
