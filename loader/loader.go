@@ -74,6 +74,10 @@ func Resident(path string) bool {
 
 // open dlopens a library that passed the static checks of info.
 func open(path string, info *Info, target string, kernels []string) (*Library, error) {
+	unclaim, err := claimUnique(path, info)
+	if err != nil {
+		return nil, err
+	}
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
 	lockDL()
@@ -84,6 +88,7 @@ func open(path string, info *Info, target string, kernels []string) (*Library, e
 	}
 	unlockDL()
 	if h == nil {
+		unclaim()
 		return nil, &Error{Path: path, Reason: dlopenFailed + msg}
 	}
 	l := &Library{Path: path, Target: target, Info: info, handle: h, syms: map[string]unsafe.Pointer{}}

@@ -404,3 +404,46 @@ PLOVER_EXPORT void plover_instance_info(void) {}` + load, nil, ""},
 		})
 	}
 }
+
+// A library defining a GNU unique symbol that another library opened in
+// this process defined first is refused, naming both: the dynamic linker
+// would bind it to the first's object, and with --isolation none a
+// function's next version ran on its last one's state (counter 4, 5 after
+// 1, 2, 3), as did another function built from the same source. The same
+// library opened again is its own mapping: allowed. Built with
+// -fno-gnu-unique, two copies are two objects: both open.
+func TestASecondLibraryOfAUniqueSymbolIsRefused(t *testing.T) {
+	const src = `#include "plover.h"
+PLOVER_BUNDLE("host");
+inline int &claimed_counter() { static int n; return n; }
+PLOVER_ENTRY(count) { (void)grid; (void)block; (void)s; claimed_counter()++; }
+`
+	dir := t.TempDir()
+	p := writeSrc(t, dir, "c.cu", src)
+	first := testkit.BuildLib(t, p, dir, "v1.so")
+	second := testkit.BuildLib(t, p, dir, "v2.so")
+	open := func(lib string) (*loader.Library, error) { return loader.Open(lib, "host", []string{"count"}) }
+	l1, err := open(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open(second); err == nil || !strings.Contains(err.Error(), "defines the GNU unique symbol") ||
+		!strings.Contains(err.Error(), "as "+filepath.Base(dir)+"/v1.so did") || !strings.Contains(err.Error(), "-fno-gnu-unique") {
+		t.Fatalf("the second library: %v; want a refusal naming %s and -fno-gnu-unique", err, first)
+	}
+	if err := l1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	again, err := open(first)
+	if err != nil {
+		t.Fatalf("the first library again: %v", err)
+	}
+	again.Close()
+	for _, lib := range []string{"nu1.so", "nu2.so"} {
+		l, err := open(testkit.BuildLib(t, p, dir, lib, "-fno-gnu-unique"))
+		if err != nil {
+			t.Fatalf("%s, built -fno-gnu-unique: %v", lib, err)
+		}
+		defer l.Close()
+	}
+}

@@ -1,0 +1,74 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/engine"
+	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/internal/testkit"
+)
+
+// In the server's process (--isolation none), a function's next version
+// whose library defines the GNU unique symbol its last one did is refused,
+// saying why and what to do: it ran on the last one's object instead
+// (value 1's state: 103 after 101, 102), the libraries never unmapped.
+func TestInProcessNextVersionOfAUniqueSymbolIsRefused(t *testing.T) {
+	e := testkit.Engine(t, engine.Config{})
+	ctx := context.Background()
+	invoke := func() (int32, error) {
+		req := &call.Request{Input: []byte("x")}
+		if err := e.Invoke(ctx, "uq", req); err != nil {
+			return 0, err
+		}
+		return int32(binary.LittleEndian.Uint32(req.Output)), nil
+	}
+	testkit.Deploy(t, e, uniqueBundle(t, 1))
+	for want := int32(101); want <= 102; want++ {
+		if got, err := invoke(); err != nil || got != want {
+			t.Fatalf("version 1: %d, %v; want %d", got, err, want)
+		}
+	}
+	testkit.Deploy(t, e, uniqueBundle(t, 2))
+	got, err := invoke()
+	if err == nil || !strings.Contains(err.Error(), "GNU unique symbol") || !strings.Contains(err.Error(), "-fno-gnu-unique") {
+		t.Fatalf("version 2 answered %d, %v; want its load refused naming the symbol and -fno-gnu-unique", got, err)
+	}
+	if errdefs.KindOf(err) != errdefs.KindInvalid || strings.Contains(err.Error(), os.TempDir()) {
+		t.Errorf("version 2: %v (kind %v); want a 422 that names no path of the node's", err, errdefs.KindOf(err))
+	}
+}
+
+// uniqueBundle is function uq's bundle whose answer is a C++ inline
+// function's static (a GNU unique symbol): value*100 + its count of runs.
+func uniqueBundle(t *testing.T, value int) string {
+	t.Helper()
+	dir := t.TempDir()
+	src := filepath.Join(dir, "unique.cu")
+	body := `#include <stdint.h>
+#include <string.h>
+#include "plover.h"
+PLOVER_BUNDLE("host");
+struct Model { int32_t value = ` + strconv.Itoa(value) + `, runs = 0; };
+inline Model &model() { static Model m; return m; }
+PLOVER_ENTRY(echo) {
+  (void)grid; (void)block;
+  int32_t v = model().value * 100 + ++model().runs;
+  memcpy(s->out.dat, &v, sizeof v);
+  s->out.len = sizeof v;
+}
+`
+	if err := os.WriteFile(src, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := testkit.Manifest("uq")
+	testkit.BuildLib(t, src, dir, m.Library)
+	testkit.WriteManifest(t, dir, m)
+	return dir
+}
