@@ -237,16 +237,26 @@ func WriteManifest(t testing.TB, dir string, m *abi.Manifest) {
 	}
 }
 
-// Goroutines counts the goroutines whose stacks hold a frame of the
-// function named by frame ("pkg.(*T).method("): the ones a test waits to
-// see end.
-func Goroutines(frame string) int {
+// Goroutines counts the goroutines whose stacks hold every one of frames:
+// a function's frame ("pkg.(*T).method("), the ones a test waits to see
+// end or begin to wait; with a test's name beside it ("TestX."), only the
+// goroutines that test started, not ones an earlier test left waiting.
+func Goroutines(frames ...string) int {
 	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return strings.Count(string(buf[:n]), frame)
-		}
+	n := runtime.Stack(buf, true)
+	for n == len(buf) {
 		buf = make([]byte, 2*len(buf))
+		n = runtime.Stack(buf, true)
 	}
+	count := 0
+	for stack := range strings.SplitSeq(string(buf[:n]), "\n\n") { // a blank line ends each goroutine's
+		all := true
+		for _, f := range frames {
+			all = all && strings.Contains(stack, f)
+		}
+		if all {
+			count++
+		}
+	}
+	return count
 }
