@@ -244,10 +244,11 @@ func (v *version) placeTok(dev device.Device) chan struct{} {
 // It says Cold when it loaded the program, Warm when it was there.
 func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*placement, call.Start, error) {
 	tok := v.placeTok(dev)
-	select {
-	case tok <- struct{}{}:
-	case <-ctx.Done():
-		return nil, call.Cold, errorf(errdefs.KindTimeout, ctx.Err(), "function %s: the request's deadline passed while another request loaded it on %s", v.fn.name, dev.Name())
+	if err := e.takeTurn(ctx, tok, v.fn.name, "load of it on "+dev.Name(), "make an instance on "+dev.Name()); err != nil {
+		if errors.Is(err, errShutDown) {
+			return nil, call.Cold, err
+		}
+		return nil, call.Cold, errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while another request loaded it on %s", v.fn.name, dev.Name())
 	}
 	defer func() { <-tok }()
 	if p := v.pool.placement(dev); p != nil {

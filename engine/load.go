@@ -52,15 +52,17 @@ type loadState struct {
 func (e *Engine) load(ctx context.Context, v *version) error {
 	// A token, not a mutex: a request that finds another's fetch under way
 	// (a store that hangs, up to that request's deadline) gives up at its
-	// own deadline, not at the other's.
-	select {
-	case v.loadTok <- struct{}{}:
-	case <-ctx.Done():
-		sha := v.rec.SHA256[:min(12, len(v.rec.SHA256))]
-		if !errors.Is(ctx.Err(), context.DeadlineExceeded) { // as pool.acquire tells them
-			return errorf(errdefs.KindUnavailable, ctx.Err(), "function %s: the request was cancelled while another request fetched its bundle %s", v.fn.name, sha)
+	// own deadline, not at the other's, and at the end of a drain's grace
+	// (RefuseQueued) is refused, where the exit cut it unanswered.
+	sha := v.rec.SHA256[:min(12, len(v.rec.SHA256))]
+	if err := e.takeTurn(ctx, v.loadTok, v.fn.name, "fetch of its bundle "+sha, "fetch its bundle "+sha); err != nil {
+		switch {
+		case errors.Is(err, errShutDown):
+			return err
+		case !errors.Is(err, context.DeadlineExceeded): // as pool.acquire tells them
+			return errorf(errdefs.KindUnavailable, err, "function %s: the request was cancelled while another request fetched its bundle %s", v.fn.name, sha)
 		}
-		return errorf(errdefs.KindTimeout, ctx.Err(), "function %s: the request's deadline passed while another request fetched its bundle %s", v.fn.name, sha)
+		return errorf(errdefs.KindTimeout, err, "function %s: the request's deadline passed while another request fetched its bundle %s", v.fn.name, sha)
 	}
 	defer func() { <-v.loadTok }()
 	if v.loaded.Load() {

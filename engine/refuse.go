@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -32,8 +34,11 @@ type refusal struct {
 var errShutDown = errors.New("the server is shutting down")
 
 // RefuseQueued fails, at once, every request that has not started to run:
-// those waiting for one of their function's instances, for their batch or
-// for their turn on a device; and from now on any request that would
+// those waiting for one of their function's instances, for their batch,
+// for their turn on a device, for another request's fetch of their
+// bundle or load of their program (and, through Pin.Shutting, a
+// pipeline's request waiting for room in --max-pipeline-memory or a
+// parallel step for its siblings); and from now on any request that would
 // begin to (a pipeline's next step, a body that was still arriving). Each
 // gets a 503 saying that the server is shutting down, to retry on another
 // node. Runs in progress go on, for the process's exit to cut. It reports
@@ -72,12 +77,54 @@ func (e *Engine) shutting() <-chan struct{} {
 
 // shutDown is the 503 of function name's request refused by RefuseQueued,
 // which had not started: where says where it was ("waited for its
-// batch"). Its Retry-After is 1 s: the same request may go to another
-// node at once.
-func shutDown(name, where string) *errdefs.Error {
-	err := errorf(errdefs.KindUnavailable, errShutDown, "function %s: the server is shutting down; the request had not started (it %s): retry on another node", name, where)
+// batch").
+func shutDown(name, where string) *errdefs.Error { return refusedAs("function "+name, where) }
+
+// refusedAs is shutDown for what ("function f", "pipeline p"). Its
+// Retry-After is 1 s: the same request may go to another node at once.
+func refusedAs(what, where string) *errdefs.Error {
+	err := errorf(errdefs.KindUnavailable, errShutDown, "%s: the server is shutting down; the request had not started (it %s): retry on another node", what, where)
 	err.RetryAt = time.Now().Add(time.Second)
 	return err
+}
+
+// Shutting is closed once RefuseQueued was called. A pipeline's request
+// waits outside the engine too (for room in --max-pipeline-memory, a
+// parallel step for its siblings): those waits end there, with ShutDown,
+// as the engine's own do.
+func (p Pin) Shutting() <-chan struct{} { return p.e.shutting() }
+
+// ShutDown is the refusal of a request of the pinned function or pipeline
+// that RefuseQueued ended as it waited outside the engine (where: "waited
+// for ..."), counted in Unfinished's refused here: no invoke of the
+// engine's saw it end, and the drain's log would not count it.
+func (p Pin) ShutDown(where string) error {
+	p.e.stop.refused.Add(1)
+	return refusedAs(cmp.Or(p.v.rec.Kind, "function")+" "+p.f.name, where)
+}
+
+// takeTurn takes tok, the token of one fetch or one program load of a
+// version at a time, and returns nil; or, once RefuseQueued was called,
+// function name's refusal instead: one that waited for another request's
+// turn (whose: "fetch of its bundle ...") waits no longer, and none begins
+// its own (about: what it was about to do), which the process's exit
+// would cut with no answer. A wait that ctx ended returns ctx's error, for
+// the caller to tell.
+func (e *Engine) takeTurn(ctx context.Context, tok chan struct{}, name, whose, about string) error {
+	shut := e.shutting()
+	select {
+	case <-shut: // before the token: a select would take a free one half the time
+		return shutDown(name, "was about to "+about)
+	default:
+	}
+	select {
+	case tok <- struct{}{}:
+		return nil
+	case <-shut:
+		return shutDown(name, "waited for another request's "+whose)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // ended counts a request leaving invoke with err.

@@ -1,14 +1,18 @@
 package engine_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/plover-run/plover/api"
+	"github.com/plover-run/plover/call"
+	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/objectstore"
 )
 
 // RefuseQueued (the end of plover serve's --grace) fails at once the
@@ -82,5 +86,60 @@ func refused(t *testing.T, err error, what string) {
 	if errdefs.KindOf(err) != errdefs.KindUnavailable || !strings.Contains(err.Error(), "shutting down") ||
 		!strings.Contains(err.Error(), what) || errdefs.RetryAt(err).IsZero() {
 		t.Errorf("a request that had not started: %v; want a 503 saying the server is shutting down (it waited for %s), with a time to retry", err, what)
+	}
+}
+
+// A request waiting for another request's fetch of its bundle, or for its
+// load of the function's program on a device, is refused by RefuseQueued
+// as a request waiting for an instance is, and counted so; the request
+// fetching or loading goes on. Both waited until their deadlines (or the
+// other's end), and the process's exit cut them unanswered.
+func TestRefuseQueuedFailsTheWaitsForAnothersLoad(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// node is an engine whose echo's first request holds its fetch
+		// or load until its context ends or release; loading tells once
+		// it does.
+		node   func(t *testing.T) (e *engine.Engine, loading <-chan struct{}, release func())
+		frame  string // where both requests are then: the holder and the waiter
+		waited string
+	}{
+		{"for its bundle's fetch", func(t *testing.T) (*engine.Engine, <-chan struct{}, func()) {
+			fetching := make(chan struct{}, 1)
+			e := coldNode(t, func(fs objectstore.Store) objectstore.Store { return signallingStall{stallingBundles{fs}, fetching} })
+			return e, fetching, func() {}
+		}, "(*Engine).load(", "another request's fetch of its bundle"},
+		{"for its program's load", func(t *testing.T) (*engine.Engine, <-chan struct{}, func()) {
+			d := &holdLoads{Device: device.NewHost(0), loading: make(chan struct{}), release: make(chan struct{})}
+			e := testkit.Engine(t, engine.Config{Devices: []device.Device{d}})
+			m := testkit.Manifest("echo")
+			m.MaxInstances = 2 // the second request has a slot of its own: it waits for the load alone
+			testkit.Deploy(t, e, testkit.BundleDir(t, m, nil))
+			return e, d.loading, func() { close(d.release) }
+		}, "(*Engine).place(", "another request's load of it on"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, loading, release := tc.node(t)
+			far := time.Now().Add(10 * time.Second)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			first, second := make(chan error, 1), make(chan error, 1)
+			go func() { first <- e.Invoke(ctx, "echo", &call.Request{Input: []byte("x"), Deadline: far}) }()
+			<-loading
+			go func() { second <- e.Invoke(ctx, "echo", &call.Request{Input: []byte("x"), Deadline: far}) }()
+			engine.WaitFor(t, "the second request waiting for the first's", func() bool {
+				return testkit.Goroutines(tc.frame, "TestRefuseQueuedFailsTheWaitsForAnothersLoad") == 2
+			})
+			if !e.RefuseQueued() {
+				t.Error("RefuseQueued says no request was in the engine")
+			}
+			refused(t, <-second, tc.waited)
+			if inFlight, n := e.Unfinished(); inFlight != 1 || n != 1 {
+				t.Errorf("Unfinished: %d in flight, %d refused; want the one loading and the one refused", inFlight, n)
+			}
+			release()
+			cancel()
+			<-first // refused further on, or cancelled: it had not run either
+		})
 	}
 }
