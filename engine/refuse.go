@@ -25,8 +25,8 @@ type refusal struct {
 	// (set in once, read after it).
 	busy bool
 	// inFlight counts the requests in invoke now; refused those that
-	// ended refused.
-	inFlight, refused atomic.Int64
+	// ended refused; waiting the waits outside the engine now (Pin.Await).
+	inFlight, refused, waiting atomic.Int64
 }
 
 // errShutDown is the cause of every refusal, and what the device
@@ -36,9 +36,9 @@ var errShutDown = errors.New("the server is shutting down")
 // RefuseQueued fails, at once, every request that has not started to run:
 // those waiting for one of their function's instances, for their batch,
 // for their turn on a device, for another request's fetch of their
-// bundle or load of their program (and, through Pin.Shutting, a
-// pipeline's request waiting for room in --max-pipeline-memory or a
-// parallel step for its siblings); and from now on any request that would
+// bundle or load of their program (and, through Pin.Await, a pipeline's
+// request waiting for room in --max-pipeline-memory or a parallel step
+// for its siblings); and from now on any request that would
 // begin to (a pipeline's next step, a body that was still arriving). Each
 // gets a 503 saying that the server is shutting down, to retry on another
 // node. Runs in progress go on, for the process's exit to cut. It reports
@@ -53,15 +53,16 @@ func (e *Engine) RefuseQueued() bool {
 		for _, s := range e.scheds {
 			s.Refuse(errShutDown)
 		}
-		r.busy = r.inFlight.Load() > 0
+		r.busy = r.inFlight.Load() > 0 || r.waiting.Load() > 0
 	})
 	return r.busy
 }
 
 // Unfinished is how many requests are in the engine now (running, or
 // loading an instance to run on; a pipeline's steps each) and how many
-// ended refused by RefuseQueued: what a drain cut short by its grace
-// leaves to the process's exit, and what it answered.
+// ended refused by RefuseQueued (a pipeline's steps each too, and a
+// pipeline's request refused as it waited for room): what a drain cut
+// short by its grace leaves to the process's exit, and what it answered.
 func (e *Engine) Unfinished() (inFlight, refused int64) {
 	return e.stop.inFlight.Load(), e.stop.refused.Load()
 }
@@ -88,11 +89,18 @@ func refusedAs(what, where string) *errdefs.Error {
 	return err
 }
 
-// Shutting is closed once RefuseQueued was called. A pipeline's request
-// waits outside the engine too (for room in --max-pipeline-memory, a
-// parallel step for its siblings): those waits end there, with ShutDown,
-// as the engine's own do.
-func (p Pin) Shutting() <-chan struct{} { return p.e.shutting() }
+// Await begins a wait of a request of the pinned function or pipeline
+// outside the engine, a pipeline's (for room in --max-pipeline-memory, a
+// parallel step for its siblings), which done ends: shut closes once
+// RefuseQueued is called, for the wait to end there with ShutDown as the
+// engine's own do, and RefuseQueued counts the request as one in the
+// engine, so that the transports give its refusal a moment to be written
+// before they close its connection.
+func (p Pin) Await() (shut <-chan struct{}, done func()) {
+	r := &p.e.stop
+	r.waiting.Add(1)
+	return r.shut, func() { r.waiting.Add(-1) }
+}
 
 // ShutDown is the refusal of a request of the pinned function or pipeline
 // that RefuseQueued ended as it waited outside the engine (where: "waited

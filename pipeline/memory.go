@@ -8,6 +8,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/apierr"
+	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
 )
 
@@ -32,6 +33,7 @@ const goneInterval = 20 * time.Millisecond
 var (
 	errWaited     = errors.New("pipeline: waited its most for room")
 	errClientGone = errors.New("pipeline: the client went away")
+	errShutDown   = errors.New("pipeline: the server is shutting down")
 	// errGonePanicked ends a wait whose req.Gone panicked: hold raises
 	// the panic, not an error of this.
 	errGonePanicked = errors.New("pipeline: the request's Gone check panicked")
@@ -92,10 +94,11 @@ func stageHolds(st *stage) (peak, out int64) {
 }
 
 // hold takes the request's bytes of the node's Memory, waiting at most
-// memoryWait or until the request's deadline; release gives them back,
+// memoryWait or until the request's deadline, or the end of a drain's
+// grace (top's Await: then top's refusal); release gives them back,
 // and waited is how long it waited for them (0: not at all). A request
 // that needs the whole of it waits out of line (wholeWait).
-func (x *run) hold(ctx context.Context) (release func(), waited time.Duration, err error) {
+func (x *run) hold(ctx context.Context, top engine.Pin) (release func(), waited time.Duration, err error) {
 	m, n := x.r.mem, x.pl.holds
 	if m == nil || n <= 0 {
 		return func() {}, 0, nil
@@ -117,6 +120,12 @@ func (x *run) hold(ctx context.Context) (release func(), waited time.Duration, e
 	}
 	wctx, cancel := context.WithDeadlineCause(ctx, until, errWaited)
 	defer cancel()
+	// Refused at the grace's end as a request waiting in the engine is,
+	// where the process's exit a second later cut it with no answer.
+	shut, awaited := top.Await()
+	defer awaited()
+	wctx, unwatch := cancelOn(wctx, shut, errShutDown)
+	defer unwatch()
 	stop := func() *errdefs.Panic { return nil }
 	if x.gone != nil {
 		// A client that leaves gives its place up, as in the engine's
@@ -137,6 +146,8 @@ func (x *run) hold(ctx context.Context) (release func(), waited time.Duration, e
 	switch cause := context.Cause(wctx); {
 	case err == nil:
 		return release, waited, nil
+	case errors.Is(cause, errShutDown):
+		return nil, waited, top.ShutDown("waited for room for its steps' outputs in --max-pipeline-memory")
 	case errors.Is(cause, errClientGone):
 		return nil, waited, &errdefs.Error{Kind: errdefs.KindGone, Msg: fmt.Sprintf("pipeline %s: the client went away while the request waited for room for its steps' outputs", x.pl.name)}
 	case ctx.Err() != nil:
@@ -189,6 +200,23 @@ func (x *run) pollGone(ctx context.Context) (gctx context.Context, stop func() *
 		<-polled
 		return panicked
 	}
+}
+
+// cancelOn is ctx, cancelled with cause once ch closes (nil: never); stop
+// ends the watch, a goroutine of its own.
+func cancelOn(ctx context.Context, ch <-chan struct{}, cause error) (cctx context.Context, stop func()) {
+	if ch == nil {
+		return ctx, func() {}
+	}
+	cctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case <-ch:
+			cancel(cause)
+		case <-cctx.Done():
+		}
+	}()
+	return cctx, func() { cancel(nil) }
 }
 
 // wholeWait is Acquire for a request that needs the whole budget (or more,

@@ -57,7 +57,7 @@ func (x *run) invoke(ctx context.Context, pin engine.Pin, sub *call.Request, sta
 	}
 	// Not loaded yet, what it takes is not known (Room 0): the first
 	// goes alone.
-	if err := x.waitUntil(ctx, f, func() bool { return f.n == 0 || f.n < pin.Room() }); err != nil {
+	if err := x.waitUntil(ctx, pin, f, func() bool { return f.n == 0 || f.n < pin.Room() }); err != nil {
 		return err
 	}
 	f.n++
@@ -79,7 +79,7 @@ func (x *run) invoke(ctx context.Context, pin engine.Pin, sub *call.Request, sta
 		f.n--
 		f.wake()
 		at := f.ends
-		if err := x.waitUntil(ctx, f, func() bool { return f.n == 0 || f.ends != at }); err != nil {
+		if err := x.waitUntil(ctx, pin, f, func() bool { return f.n == 0 || f.ends != at }); err != nil {
 			return err
 		}
 		f.n++
@@ -110,8 +110,9 @@ func (f *inFlight) wake() {
 // (read under x.mu) holds of f's counts, and returns with x.mu held
 // again; or, with it not held, the error of a request lost meanwhile (a
 // sibling failed, the client left, its deadline passed, its context
-// ended).
-func (x *run) waitUntil(ctx context.Context, f *inFlight, done func() bool) error {
+// ended) or refused by the end of a drain's grace (pin's, the step's
+// function's: its request had not started).
+func (x *run) waitUntil(ctx context.Context, pin engine.Pin, f *inFlight, done func() bool) error {
 	if done() {
 		return nil
 	}
@@ -125,6 +126,8 @@ func (x *run) waitUntil(ctx context.Context, f *inFlight, done func() bool) erro
 	// or a client that left, seen within 20 ms, not at the next end.
 	poll := time.NewTicker(20 * time.Millisecond)
 	defer poll.Stop()
+	shut, awaited := pin.Await()
+	defer awaited()
 	for !done() {
 		changed := f.ended
 		x.mu.Unlock()
@@ -132,6 +135,8 @@ func (x *run) waitUntil(ctx context.Context, f *inFlight, done func() bool) erro
 		select {
 		case <-changed:
 		case <-poll.C:
+		case <-shut:
+			err = pin.ShutDown("waited for its parallel siblings' runs of it in pipeline " + x.pl.name)
 		case <-ctx.Done():
 			err = &errdefs.Error{Kind: errdefs.KindUnavailable, Err: ctx.Err(), Msg: fmt.Sprintf("pipeline %s: the request was cancelled while a step waited for its parallel siblings", x.pl.name)}
 		case <-expired:

@@ -251,7 +251,7 @@ func (p Pin) invoke(ctx context.Context, req *call.Request, t0 time.Time) error 
 	err := p.inputFits(len(req.Input))
 	if err == nil {
 		var release func()
-		release, waited, err = x.hold(ctx)
+		release, waited, err = x.hold(ctx, p.top)
 		if err == nil {
 			defer release()
 			out, err = x.seq(ctx, p.plan.stages, req.Input, out, &req.Steps, true)

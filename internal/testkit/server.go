@@ -157,13 +157,21 @@ func Post(t testing.TB, method, url, contentType string, body []byte) (*http.Res
 // than by sleeping. It fails the test after 10 s.
 func WaitFor(t testing.TB, e *engine.Engine, name string, what string, cond func(api.FunctionInfo) bool) {
 	t.Helper()
+	Until(t, "function "+name+": "+what, func() bool {
+		fi, err := e.Control().Function(context.Background(), name)
+		return err == nil && cond(fi)
+	})
+}
+
+// Until polls cond until it holds, as WaitFor does a function's state:
+// goroutines waiting (Goroutines), a count the engine keeps. It fails the
+// test after 10 s.
+func Until(t testing.TB, what string, cond func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if fi, err := e.Control().Function(context.Background(), name); err == nil && cond(fi) {
-			return
-		}
+	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("function %s: %s never happened", name, what)
+			t.Fatalf("%s never happened", what)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
