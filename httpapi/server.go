@@ -384,7 +384,23 @@ const readBuffer = 4096
 var (
 	pathFunctions = []byte("/v1/functions")
 	suffixInvoke  = []byte("/invoke")
+
+	hdrNoSniff = []byte("X-Content-Type-Options")
+	hdrCSP     = []byte("Content-Security-Policy")
+	hdrCORP    = []byte("Cross-Origin-Resource-Policy")
+	valNoSniff = []byte("nosniff")
+	valCSP     = []byte("default-src 'none'; frame-ancestors 'none'; sandbox")
+	valCORP    = []byte("same-origin")
 )
+
+// setAPIHeaders has a browser take an API answer as data alone: not
+// sniffed into a page or script, not run or framed if opened as one,
+// not read by another site's page through an embedding element.
+func setAPIHeaders(h *fasthttp.ResponseHeader) {
+	h.SetCanonical(hdrNoSniff, valNoSniff)
+	h.SetCanonical(hdrCSP, valCSP)
+	h.SetCanonical(hdrCORP, valCORP)
+}
 
 // Handle routes one request. Exported for in-process benchmarks.
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
@@ -410,6 +426,11 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	if s.serveConsole(ctx) {
 		return
 	}
+	// Answers carry tenants' bytes (a function's output, its log lines,
+	// its plover_fail messages) on the console's origin, where its token
+	// is kept: none may be read as a page or a script, whatever type it
+	// has or a browser guesses. Set on return, as below.
+	defer setAPIHeaders(&ctx.Response.Header)
 	if ctx.IsGet() || ctx.IsHead() {
 		// What a read answers is its token's (the console fetches it with
 		// the user's): not for the browser's disk cache, where it would
