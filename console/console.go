@@ -47,6 +47,10 @@ func Serve(ctx *fasthttp.RequestCtx) {
 	// The token travels in the fragment, which browsers never send; no
 	// referrer either, so that no other page learns the console's address.
 	h.Set("Referrer-Policy", "no-referrer")
+	// A page of another site that opened the console (a popup, or its own
+	// tab led there) keeps no handle on its window: it cannot move or
+	// close it under the user's pointer, nor watch where it goes.
+	h.Set("Cross-Origin-Opener-Policy", "same-origin")
 	h.Set("Cache-Control", "no-cache")
 	if !ctx.IsGet() && !ctx.IsHead() {
 		h.Set("Allow", "GET, HEAD")

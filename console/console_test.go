@@ -62,6 +62,9 @@ func TestServe(t *testing.T) {
 		if string(r.Header.Peek("Referrer-Policy")) != "no-referrer" {
 			t.Errorf("%s %s: Referrer-Policy %q", c.method, c.path, r.Header.Peek("Referrer-Policy"))
 		}
+		if string(r.Header.Peek("Cross-Origin-Opener-Policy")) != "same-origin" {
+			t.Errorf("%s %s: Cross-Origin-Opener-Policy %q, want same-origin", c.method, c.path, r.Header.Peek("Cross-Origin-Opener-Policy"))
+		}
 		if string(r.Header.Peek("X-Frame-Options")) != "DENY" || string(r.Header.Peek("X-Content-Type-Options")) != "nosniff" {
 			t.Errorf("%s %s: framing or sniffing allowed: %s", c.method, c.path, r.Header.String())
 		}
