@@ -47,7 +47,9 @@ type tenancy struct {
 	// version unloaded and loaded again, as scale to zero does, counts
 	// once, not at every cycle, but for a library that stays mapped, each
 	// load a copy of its own: loadKey; a redeploy's new bundle counts
-	// apart); unlimited: one had none.
+	// apart); unlimited: one unloaded had none; peak: the most the limits
+	// of the programs it held summed to at once, which bounds what gone
+	// may carry before the worker is retired (overdrawn).
 	// Ids are never reused: those up to nextID not in progs are of
 	// programs unloaded, whose chains may still run in the worker (an
 	// overrun) and crash it.
@@ -58,6 +60,13 @@ type tenancy struct {
 	tuned     bool
 	gone      map[loadKey]int64
 	unlimited bool
+	peak      int64
+	// overdrawn (set by retune): its memory limit carries more for the
+	// programs it no longer holds than peak, or none for one without a
+	// limit it no longer holds while those it holds have one; the worker
+	// takes no new load (retire), so that its limit, which only rises,
+	// stays bounded by what it held while a sibling keeps it alive.
+	overdrawn atomic.Bool
 	// keepsLibs: a library its device loads stays mapped for the
 	// process's life (loader.StaysMapped: CUDA's); set with name.
 	keepsLibs bool
@@ -228,40 +237,53 @@ func (p *proc) admit(tenant string) error {
 
 // releaseTenant drops one of p's refs, and says whether it was the last:
 // the process then ends (the caller kills it), and the tenant's next load
-// takes a new one. A worker left holding stuckCopies libraries it cannot
-// unmap is retired here (retire), logged once the device's lock is let go.
+// takes a new one. A worker spent (spent: stuckCopies libraries it cannot
+// unmap, or a memory limit overdrawn by what it unloaded) is retired here
+// (retire), logged once the device's lock is let go.
 func (d *Device) releaseTenant(p *proc) bool {
-	last, retired := d.release(p)
-	if retired {
-		d.opts.Log.Info("a tenant's worker takes no new function: it holds the libraries of functions it unloaded, which stay mapped; the tenant's next load starts a worker, and this one ends with its last function",
-			"pid", p.pid, "tenant", p.tenant.name, "libraries_unloaded", p.tenant.stuck.Load())
+	last, why := d.release(p)
+	if why != "" {
+		d.opts.Log.Info("a tenant's worker takes no new function: "+why+"; the tenant's next load starts a worker, and this one ends with its last function",
+			"pid", p.pid, "tenant", p.tenant.name, "libraries_unloaded", p.tenant.stuck.Load(), "memory_limit_mb", p.memLimit.Load()>>20)
 	}
 	return last
 }
 
 // release is releaseTenant's part under d.mu: whether p's last ref went,
-// and whether p was retired now.
-func (d *Device) release(p *proc) (last, retired bool) {
+// and why p was retired now ("": it was not).
+func (d *Device) release(p *proc) (last bool, why string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if p.tenant.retired {
 		p.tenant.refs--
-		return p.tenant.refs <= 0, false
+		return p.tenant.refs <= 0, ""
 	}
 	t := d.tenants[p.tenant.name]
 	if t == nil || t.p != p {
-		return true, false // a worker that died and was replaced: nothing else in it
+		return true, "" // a worker that died and was replaced: nothing else in it
 	}
 	t.refs--
 	if t.refs > 0 {
-		if p.tenant.stuck.Load() < stuckCopies {
-			return false, false
+		if why = p.spent(); why != "" {
+			d.retire(t, p)
 		}
-		d.retire(t, p)
-		return false, true
+		return false, why
 	}
 	delete(d.tenants, p.tenant.name)
-	return true, false
+	return true, ""
+}
+
+// spent says why p, a tenant's worker, should take no new load, "" if
+// nothing does. Read under d.mu alone: both are atomics that p's unloads
+// set under its own mu, before they release their ref.
+func (p *proc) spent() string {
+	switch {
+	case p.tenant.stuck.Load() >= stuckCopies:
+		return "it holds the libraries of functions it unloaded, which stay mapped"
+	case p.tenant.overdrawn.Load():
+		return "its memory limit carries the limits of functions it unloaded (their heap may stay) past the most those it held had at once, or none for one without a limit"
+	}
+	return ""
 }
 
 // stuckCopies is how many libraries of programs a tenant's worker no
@@ -433,35 +455,51 @@ func (g *program) loadKey() loadKey {
 func (g *program) staysMapped() bool { return g.p.tenant.keepsLibs && g.loadAsked.Load() }
 
 // retune sets a tenant's worker's memory limit to the sum of the limits of
-// every bundle it has held, each once (none if one has none); its CPU
-// weight is weighLoop's. An unloaded bundle's limit stays in
-// the sum while the process lives (it resets with the process): its heap
-// stays resident (free rarely gives memory back, a leak never), so
-// leaving it out, as the programs' sum alone would (after a redeploy, say),
-// would have the watch loop kill the worker, and every sibling with it,
-// for memory none of them holds. A library that stays mapped counts at
-// each load (loadKey): every load of it is a copy of its own, the last
-// one's left beside it; at most stuckCopies of them, unloaded, before the
+// every bundle it holds or has held, each once (none if one has none); its
+// CPU weight is weighLoop's. An unloaded bundle's limit stays in the sum
+// while the process lives (it resets with the process): its heap stays
+// resident (free rarely gives memory back, a leak never), so leaving it
+// out, as the programs' sum alone would (after a redeploy, say), would
+// have the watch loop kill the worker, and every sibling with it, for
+// memory none of them holds. A library that stays mapped counts at each
+// load (loadKey): every load of it is a copy of its own, the last one's
+// left beside it; at most stuckCopies of them, unloaded, before the
 // worker takes no new load.
+//
+// What is carried for bundles unloaded is bounded too: once it passes the
+// most the held programs' limits summed to at once (peak), or a function
+// without a limit is gone while none held lacks one, the worker is
+// overdrawn, and retired as the unload that made it so lets go of its ref
+// (release). Else a tenant that keeps one function loaded, its worker
+// never ending, raised the limit by every function it deployed and
+// deleted beside it, for good, though each left little resident: the
+// limit stays within about twice peak and one bundle's. Not the held
+// programs' sum as the bound: a sibling larger than the function kept
+// loaded, scaling to zero and back, would retire the worker at its first
+// unload.
 func (p *proc) retune() {
 	defer p.syncMemGroup() // after the unlock: the group's lock is not under p.mu
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	limit, unlimited := int64(0), p.tenant.unlimited
+	held, unlimited := int64(0), false
 	live := make(map[loadKey]bool, len(p.tenant.progs))
 	for _, g := range p.tenant.progs {
 		unlimited = unlimited || g.memLimit == 0
-		limit += g.memLimit
+		held += g.memLimit
 		live[g.loadKey()] = true
 	}
 	// An unloaded bundle's heap may stay in the process: counted until the
 	// bundle is loaded again, whose program's limit then covers it.
+	carried := int64(0)
 	for k, l := range p.tenant.gone {
 		if !live[k] {
-			limit += l
+			carried += l
 		}
 	}
-	if unlimited {
+	p.tenant.peak = max(p.tenant.peak, held)
+	p.tenant.overdrawn.Store(!unlimited && (p.tenant.unlimited || carried > p.tenant.peak))
+	limit := held + carried
+	if unlimited || p.tenant.unlimited {
 		limit = -1
 	}
 	switch cur := p.memLimit.Load(); {
