@@ -152,17 +152,25 @@ func (g Registry) deleteUnused(ctx context.Context, keys []string, grace time.Du
 			unmark(key)
 			continue // reused by a deploy since it was listed
 		}
-		err = g.Store.Delete(dctx, key)
-		unmark(key)
-		if err != nil {
+		if err = g.Store.Delete(dctx, key); err != nil {
+			// Sent, perhaps: a store may carry a delete out after its
+			// caller gave up (at its bound, or on an error it answered
+			// late). Its mark stays, not removed, so that a deploy
+			// reusing the bundle waits on it until it is stale (the
+			// margin past deleteBound for such a delete to land), and
+			// then stores the bundle again if it went; gc removes the
+			// mark after. Unmarked at once, the deploy was acknowledged
+			// with the bundle there, and the delete landed under it.
+			delete(marks, key)
 			if dctx.Err() != nil && ctx.Err() == nil {
 				// Past its bound (a deploy waits on a mark no longer):
-				// it and the rest are kept for a later gc, and said so.
-				return deleted, fmt.Errorf("%d %w: their deletes ran past their bound of %s since marking them (the records took %s to read)",
+				// the rest are kept for a later gc, and said so.
+				return deleted, fmt.Errorf("%d %w: their deletes ran past their bound of %s since marking them (the records took %s to read); whether the one cut there went is not known",
 					len(keys)-len(deleted), ErrBundlesKept, deleteBound, readAt.Sub(marked).Round(time.Millisecond))
 			}
 			return deleted, err
 		}
+		unmark(key)
 		deleted = append(deleted, key)
 	}
 	return deleted, nil
