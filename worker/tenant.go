@@ -49,7 +49,8 @@ type tenancy struct {
 	// load a copy of its own: loadKey; a redeploy's new bundle counts
 	// apart); unlimited: one unloaded had none; peak: the most the limits
 	// of the programs it held summed to at once, which bounds what gone
-	// may carry before the worker is retired (overdrawn).
+	// may carry (overdraw times it) before the worker is retired
+	// (overdrawn).
 	// Ids are never reused: those up to nextID not in progs are of
 	// programs unloaded, whose chains may still run in the worker (an
 	// overrun) and crash it.
@@ -62,7 +63,7 @@ type tenancy struct {
 	unlimited bool
 	peak      int64
 	// overdrawn (set by retune): its memory limit carries more for the
-	// programs it no longer holds than peak, or none for one without a
+	// programs it no longer holds than overdraw times peak, or none for one without a
 	// limit it no longer holds while those it holds have one; the worker
 	// takes no new load (retire), so that its limit, which only rises,
 	// stays bounded by what it held while a sibling keeps it alive.
@@ -466,17 +467,21 @@ func (g *program) staysMapped() bool { return g.p.tenant.keepsLibs && g.loadAske
 // left beside it; at most stuckCopies of them, unloaded, before the
 // worker takes no new load.
 //
-// What is carried for bundles unloaded is bounded too: once it passes the
-// most the held programs' limits summed to at once (peak), or a function
+// What is carried for bundles unloaded is bounded too: once it passes
+// overdraw times the most the held programs' limits summed to at once
+// (peak), or a function
 // without a limit is gone while none held lacks one, the worker is
 // overdrawn, and retired as the unload that made it so lets go of its ref
 // (release). Else a tenant that keeps one function loaded, its worker
 // never ending, raised the limit by every function it deployed and
 // deleted beside it, for good, though each left little resident: the
-// limit stays within about twice peak and one bundle's. Not the held
-// programs' sum as the bound: a sibling larger than the function kept
+// limit stays within (1+overdraw) times peak and one bundle's. Not the
+// held programs' sum as the bound: a sibling larger than the function kept
 // loaded, scaling to zero and back, would retire the worker at its first
-// unload.
+// unload; and not peak alone: a fixed set of functions scaling to zero
+// one after another beside it (each bundle counted once, however often)
+// retired the worker at the third, and every later cold start of theirs
+// took a process of its own.
 func (p *proc) retune() {
 	defer p.syncMemGroup() // after the unlock: the group's lock is not under p.mu
 	p.mu.Lock()
@@ -497,7 +502,7 @@ func (p *proc) retune() {
 		}
 	}
 	p.tenant.peak = max(p.tenant.peak, held)
-	p.tenant.overdrawn.Store(!unlimited && (p.tenant.unlimited || carried > p.tenant.peak))
+	p.tenant.overdrawn.Store(!unlimited && (p.tenant.unlimited || carried > overdraw*p.tenant.peak))
 	limit := held + carried
 	if unlimited || p.tenant.unlimited {
 		limit = -1
@@ -510,6 +515,12 @@ func (p *proc) retune() {
 	}
 	p.tenant.tuned = true
 }
+
+// overdraw is how many times its peak a tenant's worker may carry for
+// bundles it unloaded before it is retired: room for the tenant's own
+// functions scaling to zero in turn beside the one it keeps loaded, a
+// bound on deploys and deletes beside it.
+const overdraw = 4
 
 // stageTenant links g's bundle into p's stage, its files' names led by
 // g's prefix: no directory each, whose inode a mkdir at every load would

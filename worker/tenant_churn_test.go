@@ -39,27 +39,31 @@ func churnBundles(t *testing.T, n int, mb int64) ([]string, []*abi.Manifest) {
 // and deleted beside it raised the limit by theirs at each cycle, for
 // good (64 MiB functions: 96 MiB, then 6521 MiB after 100 cycles, the
 // worker's resident memory ~12 MB throughout). Now the worker takes no
-// new load once what it carries for bundles it no longer holds passes the
-// most its held ones were allowed at once: its limit stays within about
-// twice that, the tenant's next load starts a worker whose limit starts
-// afresh, and the held function goes on being served where it is, a run
-// of it in flight as the worker is retired included. A bundle unloaded
-// and loaded again (scale to zero and back) counts once and retires
-// nothing, however large beside its sibling.
+// new load once what it carries for bundles it no longer holds passes
+// four times the most its held ones were allowed at once: its limit stays
+// within about five times that, the tenant's next load starts a worker
+// whose limit starts afresh, and the held function goes on being served
+// where it is, a run of it in flight as the worker is retired included. A
+// bundle unloaded and loaded again (scale to zero and back) counts once
+// and retires nothing, however large beside its sibling, and so does a
+// set of them in turn (three functions: retired at the third's unload as
+// first mended, every later cold start then a process of its own).
 func TestTenantChurnKeepsTheMemoryLimitBounded(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		mb      int64 // each cycling function's limit, MiB
-		fresh   bool  // each cycle loads a new bundle (a deploy), else one bundle again
+		set     int   // how many bundles the cycles load in turn (cycles: each a new one, a deploy)
 		cycles  int
 		most    int64 // MiB: the most a worker of the tenant may be given meanwhile
 		retired bool  // the cycling loads leave the held function's worker
 	}{
-		// Held 64 beside 64 at once: retired when the third bundle gone
-		// brings what it carries to 192, its limit 256.
-		{"deploys and deletes beside a held function", 64, true, 12, 256, true},
-		{"a function scaling to zero and back beside it", 64, false, 6, 128, false},
-		{"a larger one scaling to zero and back", 1024, false, 4, 1088, false},
+		// Held 64 beside 64 at once (peak 128): retired when the ninth
+		// bundle gone brings what it carries to 576 (over 512), its
+		// limit 640.
+		{"deploys and deletes beside a held function", 64, 12, 12, 640, true},
+		{"a function scaling to zero and back beside it", 64, 1, 6, 128, false},
+		{"three scaling to zero in turn beside it", 64, 3, 12, 256, false},
+		{"a larger one scaling to zero and back", 1024, 1, 4, 1088, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := tenantDevice(t)
@@ -67,13 +71,10 @@ func TestTenantChurnKeepsTheMemoryLimitBounded(t *testing.T) {
 			km.MaxHostMemoryMB = 64
 			keep := loadFor(t, d, "t", "", km, nil)
 			w := keep.(*program).p
-			dirs, ms := churnBundles(t, tc.cycles, tc.mb)
+			dirs, ms := churnBundles(t, tc.set, tc.mb)
 			left := false
 			for i := range tc.cycles {
-				j := i
-				if !tc.fresh {
-					j = 0
-				}
+				j := i % tc.set
 				g, err := d.Load(context.Background(), device.ProgramSpec{Dir: dirs[j], Manifest: ms[j], Tenant: "t"})
 				if err != nil {
 					t.Fatalf("cycle %d: %v", i, err)
