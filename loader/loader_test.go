@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -445,5 +446,39 @@ PLOVER_ENTRY(count) { (void)grid; (void)block; (void)s; claimed_counter()++; }
 			t.Fatalf("%s, built -fno-gnu-unique: %v", lib, err)
 		}
 		defer l.Close()
+	}
+}
+
+// Libraries that share only the C++ standard library's unique symbols
+// (std::make_shared's type tag, one object in a process by design) open
+// side by side: refused, any two functions using make_shared could not
+// both run in one process.
+func TestLibrariesSharingTheStandardLibrarysUniqueSymbolsOpen(t *testing.T) {
+	dir := t.TempDir()
+	var opened []*loader.Library
+	defer func() {
+		for _, l := range opened {
+			l.Close()
+		}
+	}()
+	for i, typ := range []string{"int", "long"} {
+		p := writeSrc(t, dir, "s"+strconv.Itoa(i)+".cu", `#include <memory>
+#include "plover.h"
+PLOVER_BUNDLE("host");
+PLOVER_ENTRY(count) { (void)grid; (void)block; (void)s; auto p = std::make_shared<`+typ+`>(1); (void)p; }
+`)
+		lib := testkit.BuildLib(t, p, dir, "s"+strconv.Itoa(i)+".so")
+		info, err := loader.Inspect(lib)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(info.Unique) == 0 || len(info.OwnUnique()) != 0 {
+			t.Fatalf("%s: unique %q, own %q; want the standard library's alone", lib, info.Unique, info.OwnUnique())
+		}
+		l, err := loader.Open(lib, "host", []string{"count"})
+		if err != nil {
+			t.Fatalf("library %d using std::make_shared: %v", i, err)
+		}
+		opened = append(opened, l)
 	}
 }

@@ -27,3 +27,30 @@ func TestMangledName(t *testing.T) {
 		}
 	}
 }
+
+// stdSymbol takes the standard library's unique symbols (g++ makes them
+// in every library that uses its headers) and no user code's.
+func TestStdSymbol(t *testing.T) {
+	for _, tt := range []struct {
+		sym string
+		std bool
+	}{
+		{"_ZZNSt19_Sp_make_shared_tag5_S_tiEvE5__tag", true}, // make_shared's tag, a local static
+		{"_ZGVZNSt8__detail9_ScannerIcE12_M_eat_escapeEvE6__sent", true},
+		{"_ZNSt7__cxx1112regex_traitsIcE10_RegexMaskE", true},
+		{"_ZNKSt5ctypeIcE8do_widenEc", true}, // a const member
+		{"_ZNSs4_Rep20_S_empty_rep_storageE", true},
+		{"_ZN9__gnu_cxx5__ops8_Iter_lessE", true},
+		{"_ZSt4cout", true},
+		{"_ZTVSt9exception", true},
+		{"_ZZ5modelvE1m", false}, // a user's inline function's static
+		{"_ZN5Model8instanceE", false},
+		{"_ZZN2ns5cacheEvE1c", false},
+		{"_ZN3StdE", false}, // a user's namespace Std, not std
+		{"plover_load", false},
+	} {
+		if got := stdSymbol(tt.sym); got != tt.std {
+			t.Errorf("stdSymbol(%q) = %v, want %v", tt.sym, got, tt.std)
+		}
+	}
+}

@@ -3,8 +3,56 @@ package loader
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 )
+
+// OwnUnique is the library's GNU unique symbols (Unique) but for those of
+// the C++ standard library's headers (std::, __gnu_cxx::, __cxxabiv1:::
+// std::make_shared's type tag, std::regex's and the locale's tables),
+// which g++ makes in every library using them and which are one object in
+// a process by design: constants, or state the standard library keeps
+// process-wide. Two libraries sharing those are as any two in one process
+// are; sharing their own code's statics is what runs one on the other's
+// state.
+func (i *Info) OwnUnique() []string {
+	var own []string
+	for _, s := range i.Unique {
+		if !stdSymbol(s) {
+			own = append(own, s)
+		}
+	}
+	return own
+}
+
+// stdSymbol reports whether name, an Itanium C++ ABI mangled name, is of
+// the standard library's namespaces: _Z, then perhaps a special name's
+// prefix (GV a guard variable, T* a virtual table or type info) and a
+// local entity's Z (a function's static), then a nested name (N, its
+// qualifiers) or not, led by std:: or one of its abbreviations (St, Sa,
+// Sb, Ss, Si, So, Sd), __gnu_cxx:: or __cxxabiv1::.
+func stdSymbol(name string) bool {
+	s, ok := strings.CutPrefix(name, "_Z")
+	if !ok {
+		return false
+	}
+	for _, p := range []string{"GV", "TV", "TI", "TS", "TT", "TH", "TW"} {
+		if rest, ok := strings.CutPrefix(s, p); ok {
+			s = rest
+			break
+		}
+	}
+	s = strings.TrimPrefix(s, "Z")
+	if rest, ok := strings.CutPrefix(s, "N"); ok {
+		s = strings.TrimLeft(rest, "rVKRO")
+	}
+	for _, p := range []string{"St", "Sa", "Sb", "Ss", "Si", "So", "Sd", "9__gnu_cxx", "10__cxxabiv1"} {
+		if strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
+}
 
 // uniques maps each GNU unique symbol a library opened in this process
 // defined to that library's path. The dynamic linker binds such a name
@@ -26,12 +74,13 @@ var uniques struct {
 // unclaim gives back what a failed dlopen claimed (nothing was mapped).
 func claimUnique(path string, info *Info) (unclaim func(), err error) {
 	unclaim = func() {}
-	if len(info.Unique) == 0 {
+	own := info.OwnUnique()
+	if len(own) == 0 {
 		return unclaim, nil
 	}
 	uniques.Lock()
 	defer uniques.Unlock()
-	for _, s := range info.Unique {
+	for _, s := range own {
 		if was, ok := uniques.by[s]; ok && was != path {
 			// The other library by its directory and name (a bundle's
 			// cache entry is named by its digest), not the node's path.
@@ -45,7 +94,7 @@ func claimUnique(path string, info *Info) (unclaim func(), err error) {
 		uniques.by = map[string]string{}
 	}
 	var added []string
-	for _, s := range info.Unique {
+	for _, s := range own {
 		if _, ok := uniques.by[s]; !ok {
 			uniques.by[s] = path
 			added = append(added, s)

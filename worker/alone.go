@@ -14,8 +14,9 @@ import (
 // In tenant scope some bundles run in a worker of their own, never beside
 // another program, not even another of the same bytes (ownKey, placeKey):
 //
-//   - a library that defines GNU unique symbols (loader.Info.Unique: g++'s
-//     C++ inline functions' statics, templates' static members): the
+//   - a library that defines GNU unique symbols of its own code
+//     (loader.Info.OwnUnique: g++'s C++ inline functions' statics,
+//     templates' static members; not the standard library's): the
 //     dynamic linker binds each such name once per process, RTLD_LOCAL or
 //     not, so two programs defining one (two functions built from one
 //     header library, or two versions of one function, even of the same
@@ -99,8 +100,8 @@ func (d *Device) needsOwn(spec device.ProgramSpec) bool {
 	if err != nil {
 		return false
 	}
-	if len(info.Unique) > 0 {
-		shown := info.Unique[:min(len(info.Unique), 3)]
+	if own := info.OwnUnique(); len(own) > 0 {
+		shown := own[:min(len(own), 3)]
 		why = "its library defines GNU unique symbols (" + strings.Join(shown, " ") + "), which one process shares between all its libraries"
 	}
 	return d.setOwn(spec, lib, why)
