@@ -565,3 +565,44 @@ func TestABundleDeleteLandingAfterItsBoundMeetsTheDeploy(t *testing.T) {
 		t.Fatalf("the deploy was acknowledged and its bundle then deleted: %v", err)
 	}
 }
+
+// slowRecords takes delay to list the records: a store slow to answer.
+type slowRecords struct {
+	objectstore.Store
+	delay time.Duration
+}
+
+func (s *slowRecords) List(ctx context.Context, prefix string) ([]objectstore.Info, error) {
+	if !strings.HasPrefix(prefix, deletingDir) && !strings.HasPrefix(prefix, "bundles/") {
+		time.Sleep(s.delay)
+	}
+	return s.Store.List(ctx, prefix)
+}
+
+// A bundle whose delete was never sent, its bound past before (the
+// records slow to read under the marks), is kept, its mark removed: no
+// deploy reusing it waits on it. The mark was kept as for a delete cut
+// in flight, and a deploy waited for it to go stale (a review's probe).
+func TestABundleDeleteNeverSentLeavesNoMark(t *testing.T) {
+	ctx := context.Background()
+	bound := deleteBound
+	deleteBound = 100 * time.Millisecond
+	t.Cleanup(func() { deleteBound = bound })
+	store, age := fileStore(t)
+	body := []byte("a bundle whose delete is never sent")
+	key := bundle.ObjectKey(bundle.Digest(body))
+	if err := store.Put(ctx, key, bytes.NewReader(body), int64(len(body))); err != nil {
+		t.Fatal(err)
+	}
+	age(key)
+	_, err := (Registry{Store: &slowRecords{Store: store, delay: 2 * deleteBound}}).GC(ctx, time.Minute)
+	if !errors.Is(err, ErrBundlesKept) || strings.Contains(err.Error(), "not known") {
+		t.Fatalf("gc: %v, want its bundle kept past its bound, and known to be", err)
+	}
+	if _, err := store.Stat(ctx, key); err != nil {
+		t.Fatalf("the bundle: %v", err)
+	}
+	if marks, err := store.List(ctx, deletingPrefix(key)); err != nil || len(marks) != 0 {
+		t.Fatalf("marks left: %v, %v; want none", marks, err)
+	}
+}

@@ -98,12 +98,14 @@ func (g Registry) deleteUnused(ctx context.Context, keys []string, grace time.Du
 	marks := map[string]string{}
 	// Each removed once its bundle is decided, and the rest on return,
 	// even when ctx has ended: a mark left makes each deploy of the
-	// bundle wait until it is stale.
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*deleteBound)
-	defer cancel()
+	// bundle wait until it is stale. Each removal bounded from its own
+	// start: one bound from the first mark ended with a slow reading of
+	// the records, and every mark was left.
 	unmark := func(key string) {
 		if m, ok := marks[key]; ok {
+			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deleteBound)
 			g.Store.Delete(uctx, m)
+			cancel()
 			delete(marks, key)
 		}
 	}
@@ -133,6 +135,12 @@ func (g Registry) deleteUnused(ctx context.Context, keys []string, grace time.Du
 		return nil, fmt.Errorf("%w: a record that cannot be decoded may name them (the server log names it: function record passed over; plover rm it)", ErrBundlesKept)
 	}
 	readAt := time.Now()
+	// Past its bound (a deploy waits on a mark no longer): the bundles
+	// left are kept for a later gc, and said so.
+	pastBound := func(deleted []string, note string) error {
+		return fmt.Errorf("%d %w: their deletes ran past their bound of %s since marking them (the records took %s to read)%s",
+			len(keys)-len(deleted), ErrBundlesKept, deleteBound, readAt.Sub(marked).Round(time.Millisecond), note)
+	}
 	dctx, cancel := context.WithDeadline(ctx, marked.Add(deleteBound))
 	defer cancel()
 	var deleted []string
@@ -152,6 +160,12 @@ func (g Registry) deleteUnused(ctx context.Context, keys []string, grace time.Du
 			unmark(key)
 			continue // reused by a deploy since it was listed
 		}
+		if dctx.Err() != nil && ctx.Err() == nil {
+			// Past its bound before its delete was sent (the records
+			// were slow to read): its mark goes with the rest's, no
+			// deploy made to wait on it.
+			return deleted, pastBound(deleted, "")
+		}
 		if err = g.Store.Delete(dctx, key); err != nil {
 			// Sent, perhaps: a store may carry a delete out after its
 			// caller gave up (at its bound, or on an error it answered
@@ -163,10 +177,7 @@ func (g Registry) deleteUnused(ctx context.Context, keys []string, grace time.Du
 			// with the bundle there, and the delete landed under it.
 			delete(marks, key)
 			if dctx.Err() != nil && ctx.Err() == nil {
-				// Past its bound (a deploy waits on a mark no longer):
-				// the rest are kept for a later gc, and said so.
-				return deleted, fmt.Errorf("%d %w: their deletes ran past their bound of %s since marking them (the records took %s to read); whether the one cut there went is not known",
-					len(keys)-len(deleted), ErrBundlesKept, deleteBound, readAt.Sub(marked).Round(time.Millisecond))
+				return deleted, pastBound(deleted, "; whether the one cut there went is not known")
 			}
 			return deleted, err
 		}
