@@ -21,20 +21,26 @@ func TestAPIAnswersAreNotPages(t *testing.T) {
 	url := testkit.Serve(t, e, httpapi.Options{})
 	for _, tc := range []struct {
 		name, method, path, body string
+		header                   [2]string
 		api                      bool
 	}{
-		{"an invoke's output", "POST", "/v1/functions/echo/invoke", "<script>alert(1)</script>", true},
-		{"a listing", "GET", "/v1/functions", "", true},
-		{"a 404", "GET", "/v1/functions/none", "", true},
-		{"a wrong method", "DELETE", "/healthz", "", true},
-		{"logs", "GET", "/v1/functions/echo/logs", "", true},
-		{"the metrics", "GET", "/metrics", "", true},
-		{"the console", "GET", "/ui/", "", false},
+		{"an invoke's output", "POST", "/v1/functions/echo/invoke", "<script>alert(1)</script>", [2]string{}, true},
+		{"a listing", "GET", "/v1/functions", "", [2]string{}, true},
+		{"a 404", "GET", "/v1/functions/none", "", [2]string{}, true},
+		{"a wrong method", "DELETE", "/healthz", "", [2]string{}, true},
+		{"logs", "GET", "/v1/functions/echo/logs", "", [2]string{}, true},
+		{"the metrics", "GET", "/metrics", "", [2]string{}, true},
+		{"another site's write", "POST", "/v1/functions/echo/invoke", "x", [2]string{"Sec-Fetch-Site", "cross-site"}, true},
+		{"an encoded body", "POST", "/v1/functions/echo/invoke", "x", [2]string{"Content-Encoding", "<x>"}, true},
+		{"the console", "GET", "/ui/", "", [2]string{}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req, err := http.NewRequest(tc.method, url+tc.path, strings.NewReader(tc.body))
 			if err != nil {
 				t.Fatal(err)
+			}
+			if tc.header[0] != "" {
+				req.Header.Set(tc.header[0], tc.header[1])
 			}
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {

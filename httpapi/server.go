@@ -405,6 +405,18 @@ func setAPIHeaders(h *fasthttp.ResponseHeader) {
 // Handle routes one request. Exported for in-process benchmarks.
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	defer closeIfUnread(ctx)
+	// Answers carry tenants' bytes (a function's output, its log lines,
+	// its plover_fail messages) on the console's origin, where its token
+	// is kept: none may be read as a page or a script, whatever type it
+	// has or a browser guesses. Set on return (writeJSON resets the
+	// response), on every answer but the console's pages, which run its
+	// scripts under a policy of their own.
+	page := false
+	defer func() {
+		if !page {
+			setAPIHeaders(&ctx.Response.Header)
+		}
+	}()
 	if smuggling(ctx) {
 		ctx.SetConnectionClose()
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "the request has both Content-Length and Transfer-Encoding (RFC 9112 section 6.3): send one")
@@ -423,14 +435,9 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 			Msg: string(ctx.Method()) + " from another site's page (" + h + "): the server takes requests that change anything only from its own pages (the console) and from clients that send no Origin"})
 		return
 	}
-	if s.serveConsole(ctx) {
+	if page = s.serveConsole(ctx); page {
 		return
 	}
-	// Answers carry tenants' bytes (a function's output, its log lines,
-	// its plover_fail messages) on the console's origin, where its token
-	// is kept: none may be read as a page or a script, whatever type it
-	// has or a browser guesses. Set on return, as below.
-	defer setAPIHeaders(&ctx.Response.Header)
 	if ctx.IsGet() || ctx.IsHead() {
 		// What a read answers is its token's (the console fetches it with
 		// the user's): not for the browser's disk cache, where it would
