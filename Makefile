@@ -161,12 +161,15 @@ test: vet fuzz-short race-short bin/plover bin/plover-worker bin/testreport samp
 # The tests of shared state under concurrent requests, with the race
 # detector: the gate's buckets, request metrics, labels kept from borrowed
 # request bytes under keep-alive traffic, gRPC calls holding their token's
-# place, batched runs following one another on an instance. The whole
-# suite under -race takes too long for every run.
+# place, batched runs following one another on an instance, the drain's
+# refusals; and whole the packages whose tests take seconds under it. The
+# whole suite under -race takes too long for every run (engine, httpapi,
+# grpcapi and worker 3-6 minutes each on 2 cores).
 race-short:
-	$(GO) test -race -count=1 ./gate ./reqmetrics
+	$(GO) test -race -count=1 ./gate ./reqmetrics ./ioshare ./bundle ./netguard ./funclog ./frontdoor ./loader ./auth
 	$(GO) test -race -count=1 -run 'Labels|Stalled|BoundsItsBody|CallWithoutItsMessage|SequentialCalls' ./httpapi ./grpcapi
-	$(GO) test -race -count=1 -run 'TestBatchRunsReadTheirOwnTiming' ./engine
+	$(GO) test -race -count=1 -run 'TestBatchRunsReadTheirOwnTiming|Refuse' ./engine
+	$(GO) test -race -count=1 -run 'GracesEnd|Refuse' ./pipeline
 
 # Fuzzing: each target's seeds, then new inputs for a while, one go test per
 # target (it fuzzes one at a time). An input that fails is written under the

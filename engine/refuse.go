@@ -49,11 +49,16 @@ var errShutDown = errors.New("the server is shutting down")
 func (e *Engine) RefuseQueued() bool {
 	r := &e.stop
 	r.once.Do(func() {
+		// Counted before the waits are woken, too: each refused one
+		// leaves its count at once, and read after them alone a drain
+		// with only refused requests was told none was there, and cut
+		// their answers.
+		r.busy = r.inFlight.Load() > 0 || r.waiting.Load() > 0
 		close(r.shut)
 		for _, s := range e.scheds {
 			s.Refuse(errShutDown)
 		}
-		r.busy = r.inFlight.Load() > 0 || r.waiting.Load() > 0
+		r.busy = r.busy || r.inFlight.Load() > 0 || r.waiting.Load() > 0
 	})
 	return r.busy
 }

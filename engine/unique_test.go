@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/engine"
@@ -29,13 +30,16 @@ func TestInProcessNextVersionOfAUniqueSymbolIsRefused(t *testing.T) {
 		}
 		return int32(binary.LittleEndian.Uint32(req.Output)), nil
 	}
-	testkit.Deploy(t, e, uniqueBundle(t, 1))
+	// A name of this run's own: the loader's record of unique symbols
+	// is the process's, kept across runs (-count).
+	tag := strconv.FormatInt(time.Now().UnixNano(), 36)
+	testkit.Deploy(t, e, uniqueBundle(t, tag, 1))
 	for want := int32(101); want <= 102; want++ {
 		if got, err := invoke(); err != nil || got != want {
 			t.Fatalf("version 1: %d, %v; want %d", got, err, want)
 		}
 	}
-	testkit.Deploy(t, e, uniqueBundle(t, 2))
+	testkit.Deploy(t, e, uniqueBundle(t, tag, 2))
 	got, err := invoke()
 	if err == nil || !strings.Contains(err.Error(), "GNU unique symbol") || !strings.Contains(err.Error(), "-fno-gnu-unique") {
 		t.Fatalf("version 2 answered %d, %v; want its load refused naming the symbol and -fno-gnu-unique", got, err)
@@ -47,7 +51,8 @@ func TestInProcessNextVersionOfAUniqueSymbolIsRefused(t *testing.T) {
 
 // uniqueBundle is function uq's bundle whose answer is a C++ inline
 // function's static (a GNU unique symbol): value*100 + its count of runs.
-func uniqueBundle(t *testing.T, value int) string {
+// Its inline function is model_TAG.
+func uniqueBundle(t *testing.T, tag string, value int) string {
 	t.Helper()
 	dir := t.TempDir()
 	src := filepath.Join(dir, "unique.cu")
@@ -56,10 +61,10 @@ func uniqueBundle(t *testing.T, value int) string {
 #include "plover.h"
 PLOVER_BUNDLE("host");
 struct Model { int32_t value = ` + strconv.Itoa(value) + `, runs = 0; };
-inline Model &model() { static Model m; return m; }
+inline Model &model_` + tag + `() { static Model m; return m; }
 PLOVER_ENTRY(echo) {
   (void)grid; (void)block;
-  int32_t v = model().value * 100 + ++model().runs;
+  int32_t v = model_` + tag + `().value * 100 + ++model_` + tag + `().runs;
   memcpy(s->out.dat, &v, sizeof v);
   s->out.len = sizeof v;
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/frontdoor"
+	"github.com/plover-run/plover/internal/racebuild"
 	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/pipeline"
 )
@@ -110,6 +111,9 @@ func TestLargeOutputIsNotKept(t *testing.T) {
 			}
 			got := seen.Load()
 			switch {
+			case tc.keptAtLeast > 0 && tc.ct == "application/json" && racebuild.Enabled:
+				// The race detector drops sync.Pool's items on purpose:
+				// the next request may find a fresh exchange.
 			case tc.keptAtLeast == 0 && got > keptBody:
 				t.Errorf("after %s's output the next request found a buffer of %d bytes kept, want at most %d", tc.fn, got, keptBody)
 			case got < tc.keptAtLeast:
