@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/plover-run/plover/fileutil"
@@ -46,6 +47,11 @@ type directResult struct {
 // to repeat times or for dur. items > 0 runs a batching bundle's chain on
 // that many items (input holds them back to back).
 func measureDirect(dev device.Device, dir string, input []byte, items, trials, repeat int, dur time.Duration) (*directResult, error) {
+	if trials > 1 {
+		if err := fitForCopies(dir); err != nil {
+			return nil, err
+		}
+	}
 	res := &directResult{}
 	for t := 0; t < trials; t++ {
 		last := t == trials-1
@@ -54,6 +60,25 @@ func measureDirect(dev device.Device, dir string, input []byte, items, trials, r
 		}
 	}
 	return res, nil
+}
+
+// fitForCopies refuses a bundle whose library defines GNU unique symbols
+// of its own: the loader opens no second copy of such a library in a
+// process (its statics would be the first copy's), so every trial after
+// the first would fail.
+func fitForCopies(dir string) error {
+	m, err := bundle.ReadManifest(dir)
+	if err != nil {
+		return err
+	}
+	info, err := loader.Inspect(filepath.Join(dir, m.Library))
+	if err != nil {
+		return err
+	}
+	if own := info.OwnUnique(); len(own) > 0 {
+		return fmt.Errorf("%s defines GNU unique symbols (%s): direct trials open a fresh copy of it each time, which one process cannot; give --trials 1, build it with -fno-gnu-unique, or bench it through a server", m.Library, strings.Join(own[:min(len(own), 3)], " "))
+	}
+	return nil
 }
 
 // rawDevice is an in-process device below the Program seam: the direct
