@@ -549,6 +549,19 @@ func (t *Table) Lookup(token []byte) *Principal {
 	return &t.entries[match].p
 }
 
+// Has reports whether the table holds a token named name.
+func (t *Table) Has(name string) bool {
+	if t == nil {
+		return false
+	}
+	for i := range t.entries {
+		if t.entries[i].p.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
 // Len is the number of tokens.
 func (t *Table) Len() int {
 	if t == nil {
@@ -652,6 +665,9 @@ func (s *Store) Reload() error {
 
 // Lookup finds token in the current table; see Table.Lookup.
 func (s *Store) Lookup(token []byte) *Principal { return s.table.Load().Lookup(token) }
+
+// Has reports whether the current table holds a token named name.
+func (s *Store) Has(name string) bool { return s.table.Load().Has(name) }
 
 // Len is the number of tokens in the current table.
 func (s *Store) Len() int { return s.table.Load().Len() }

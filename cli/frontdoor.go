@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/grpcapi"
 	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/pipeline"
@@ -30,6 +31,9 @@ type frontDoor struct {
 	budget *netguard.Budget
 	cert   atomic.Pointer[tls.Certificate]
 	guard  *netguard.Listener
+	// gate, once the door is made (newDoor): a reload has it forget the
+	// tokens it removed. Set after the reloader starts.
+	gate atomic.Pointer[gate.Gate]
 }
 
 // capMessage says why a connection past --max-conns is refused.
@@ -292,6 +296,9 @@ func (d *frontDoor) reloadOnHUP(ctx context.Context, hup chan os.Signal) {
 				d.log.Warn("SIGHUP: the auth file names no token: every request that needs one is refused", "file", d.tokens.Path())
 			default:
 				d.log.Info("SIGHUP: tokens reloaded", "tokens", d.tokens.Len(), "file", d.tokens.Path())
+			}
+			if g := d.gate.Load(); g != nil {
+				g.Forget(d.tokens.Has) // those the table holds now, whatever the reload's error
 			}
 		}
 		if d.f.tlsCert != "" {

@@ -1,17 +1,24 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"io"
 	"log/slog"
 	"math"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/plover-run/plover/auth"
+	"github.com/plover-run/plover/gate"
+	"github.com/plover-run/plover/internal/testkit"
 )
 
 // --max-body-memory is refused, naming the flag, when it is negative or
@@ -108,4 +115,68 @@ func TestTheMetricsListenerBoundsAClient(t *testing.T) {
 	if n, err := o.Read(make([]byte, 1)); n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("another client's connection: read %d bytes, %v; want it held open", n, err)
 	}
+}
+
+// A SIGHUP that removes a token has the gate forget it: its
+// plover_token_limited_total series go from the scrape (they stayed for
+// the server's life), while a token still in the file keeps its own.
+func TestReloadForgetsRemovedTokens(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "auth")
+	line := func(name string) string {
+		return name + " invoke " + auth.Hash(name+"-secret") + " * concurrency=1\n"
+	}
+	if err := os.WriteFile(file, []byte(line("a")+line("b")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	d, err := newFrontDoor(&serveFlags{authFile: file}, slog.New(slog.DiscardHandler), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := gate.New(d.tokens, reg)
+	d.gate.Store(g)
+	for _, name := range []string{"a", "b"} {
+		tk, r := g.Admit([]byte("Bearer "+name+"-secret"), auth.Invoke, "f")
+		if r != nil {
+			t.Fatal(r)
+		}
+		if _, r := g.Admit([]byte("Bearer "+name+"-secret"), auth.Invoke, "f"); r == nil {
+			t.Fatalf("%s: a call past its concurrency was admitted", name)
+		}
+		tk.Done()
+	}
+	limited := func() (names []string) {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "plover_token_limited_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "token" {
+						names = append(names, l.GetValue())
+					}
+				}
+			}
+		}
+		return names
+	}
+	if got := limited(); len(got) != 2 {
+		t.Fatalf("limited series for %v, want a and b", got)
+	}
+	if err := os.WriteFile(file, []byte(line("b")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hup := make(chan os.Signal, 1)
+	go d.reloadOnHUP(ctx, hup)
+	hup <- syscall.SIGHUP
+	testkit.Until(t, "a's series gone after the reload", func() bool {
+		got := limited()
+		return len(got) == 1 && got[0] == "b"
+	})
 }

@@ -539,7 +539,9 @@ func newDoor(f *serveFlags, n *node, front *frontDoor, reg *prometheus.Registry,
 	run, met := pipeline.New(n.eng, reg), reqmetrics.New(reg)
 	boundPipelines(run, f.maxPipeMemMB, reg)
 	n.eng.Forgets(run, met) // a deleted function's series go, and its label's slot
-	return frontdoor.New(frontdoor.Config{Runner: run, Gate: gate.New(tokens, reg), Metrics: met, Tracer: tr, Log: log})
+	g := gate.New(tokens, reg)
+	front.gate.Store(g)
+	return frontdoor.New(frontdoor.Config{Runner: run, Gate: g, Metrics: met, Tracer: tr, Log: log})
 }
 
 // transports are the servers plover serve answers on: HTTP, and gRPC

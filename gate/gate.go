@@ -389,6 +389,28 @@ type state struct {
 	limit    int // the concurrency the token's last admission counted against: Follow's bound if less than MaxStreams
 }
 
+// Forget drops what the gate keeps for each token name has says is gone
+// (a reload removed its line): its use of its limits and its
+// plover_token_limited_total series, once nothing of it is in flight (one
+// in flight is dropped at a later call). Kept, they outlived the token for
+// the server's life, in every scrape.
+func (g *Gate) Forget(has func(name string) bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for name, st := range g.by {
+		if has(name) {
+			continue
+		}
+		st.mu.Lock()
+		idle := st.inflight == 0
+		st.mu.Unlock()
+		if idle {
+			delete(g.by, name)
+			g.limited.DeletePartialMatch(prometheus.Labels{"token": name})
+		}
+	}
+}
+
 func (g *Gate) state(name string) *state {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -475,3 +475,38 @@ func TestLogThrottleAllowKey(t *testing.T) {
 		}
 	}
 }
+
+// A token a reload removed leaves nothing behind once idle: its limits'
+// state and its plover_token_limited_total series go; one still in flight
+// stays until a later call; those the table holds are kept.
+func TestForgetDropsRemovedTokens(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	lim := auth.Limits{Concurrency: 1}
+	g := New(table{"a-secret": {Name: "a", Scopes: auth.Invoke, Limits: lim}, "b-secret": {Name: "b", Scopes: auth.Invoke, Limits: lim}}, reg)
+	for _, tok := range []string{"a", "b"} {
+		tk, r := g.Admit([]byte("Bearer "+tok+"-secret"), auth.Invoke, "f")
+		if r != nil {
+			t.Fatal(r)
+		}
+		if _, r := g.Admit([]byte("Bearer "+tok+"-secret"), auth.Invoke, "f"); r == nil {
+			t.Fatalf("%s: a second call past its concurrency was admitted", tok)
+		}
+		if tok == "a" {
+			tk.Done()
+		} else {
+			defer tk.Done()
+		}
+	}
+	series := func() int { return testutil.CollectAndCount(g.limited) }
+	if n := series(); n != 2 {
+		t.Fatalf("%d series before, want a's and b's", n)
+	}
+	g.Forget(func(string) bool { return false }) // both removed; b's call still in flight
+	if _, ok := g.by["a"]; ok || series() != 1 {
+		t.Errorf("after the reload: a's state kept %v, %d series; want a's gone, b's (in flight) kept", ok, series())
+	}
+	g.Forget(func(name string) bool { return name == "b" })
+	if _, ok := g.by["b"]; !ok || series() != 1 {
+		t.Errorf("b still in the table: state kept %v, %d series; want both kept", ok, series())
+	}
+}
