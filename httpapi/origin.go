@@ -87,3 +87,21 @@ func sameOrigin(origin, host []byte) bool {
 	_, authority, ok := bytes.Cut(origin, []byte("://"))
 	return ok && len(host) > 0 && bytes.EqualFold(authority, host)
 }
+
+var (
+	hdrNoSniff = []byte("X-Content-Type-Options")
+	hdrCSP     = []byte("Content-Security-Policy")
+	hdrCORP    = []byte("Cross-Origin-Resource-Policy")
+	valNoSniff = []byte("nosniff")
+	valCSP     = []byte("default-src 'none'; frame-ancestors 'none'; sandbox")
+	valCORP    = []byte("same-origin")
+)
+
+// setAPIHeaders has a browser take an API answer as data alone: not
+// sniffed into a page or script, not run or framed if opened as one,
+// not read by another site's page through an embedding element.
+func setAPIHeaders(h *fasthttp.ResponseHeader) {
+	h.SetCanonical(hdrNoSniff, valNoSniff)
+	h.SetCanonical(hdrCSP, valCSP)
+	h.SetCanonical(hdrCORP, valCORP)
+}

@@ -384,23 +384,7 @@ const readBuffer = 4096
 var (
 	pathFunctions = []byte("/v1/functions")
 	suffixInvoke  = []byte("/invoke")
-
-	hdrNoSniff = []byte("X-Content-Type-Options")
-	hdrCSP     = []byte("Content-Security-Policy")
-	hdrCORP    = []byte("Cross-Origin-Resource-Policy")
-	valNoSniff = []byte("nosniff")
-	valCSP     = []byte("default-src 'none'; frame-ancestors 'none'; sandbox")
-	valCORP    = []byte("same-origin")
 )
-
-// setAPIHeaders has a browser take an API answer as data alone: not
-// sniffed into a page or script, not run or framed if opened as one,
-// not read by another site's page through an embedding element.
-func setAPIHeaders(h *fasthttp.ResponseHeader) {
-	h.SetCanonical(hdrNoSniff, valNoSniff)
-	h.SetCanonical(hdrCSP, valCSP)
-	h.SetCanonical(hdrCORP, valCORP)
-}
 
 // Handle routes one request. Exported for in-process benchmarks.
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
