@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -49,31 +48,12 @@ func TestInProcessNextVersionOfAUniqueSymbolIsRefused(t *testing.T) {
 	}
 }
 
-// uniqueBundle is function uq's bundle whose answer is a C++ inline
-// function's static (a GNU unique symbol): value*100 + its count of runs.
-// Its inline function is model_TAG.
+// uniqueBundle is function uq's bundle of testkit.UniqueSource.
 func uniqueBundle(t *testing.T, tag string, value int) string {
 	t.Helper()
 	dir := t.TempDir()
-	src := filepath.Join(dir, "unique.cu")
-	body := `#include <stdint.h>
-#include <string.h>
-#include "plover.h"
-PLOVER_BUNDLE("host");
-struct Model { int32_t value = ` + strconv.Itoa(value) + `, runs = 0; };
-inline Model &model_` + tag + `() { static Model m; return m; }
-PLOVER_ENTRY(echo) {
-  (void)grid; (void)block;
-  int32_t v = model_` + tag + `().value * 100 + ++model_` + tag + `().runs;
-  memcpy(s->out.dat, &v, sizeof v);
-  s->out.len = sizeof v;
-}
-`
-	if err := os.WriteFile(src, []byte(body), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	m := testkit.Manifest("uq")
-	testkit.BuildLib(t, src, dir, m.Library)
+	testkit.BuildLib(t, testkit.UniqueSource(t, tag, value), dir, m.Library)
 	testkit.WriteManifest(t, dir, m)
 	return dir
 }

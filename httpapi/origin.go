@@ -5,9 +5,11 @@ package httpapi
 import (
 	"bytes"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"github.com/valyala/fasthttp"
 )
@@ -104,4 +106,24 @@ func setAPIHeaders(h *fasthttp.ResponseHeader) {
 	h.SetCanonical(hdrNoSniff, valNoSniff)
 	h.SetCanonical(hdrCSP, valCSP)
 	h.SetCanonical(hdrCORP, valCORP)
+}
+
+// loopbackHost reports whether host, a Host header (a name or address and
+// perhaps a port), names the loopback: localhost or a loopback address.
+func loopbackHost(host []byte) bool {
+	if host[0] == '[' { // [::1]:8080
+		end := bytes.IndexByte(host, ']')
+		if end < 0 {
+			return false
+		}
+		host = host[1:end]
+	} else if i := bytes.LastIndexByte(host, ':'); i >= 0 {
+		host = host[:i]
+	}
+	host = bytes.TrimSuffix(host, []byte{'.'}) // localhost. is localhost
+	if bytes.EqualFold(host, []byte("localhost")) {
+		return true
+	}
+	a, err := netip.ParseAddr(unsafe.String(unsafe.SliceData(host), len(host))) // not kept
+	return err == nil && a.IsLoopback()
 }

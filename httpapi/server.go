@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"math"
 	"net"
-	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -303,26 +302,6 @@ var (
 	hdrSecFetchSite = []byte("Sec-Fetch-Site")
 	hdrOrigin       = []byte("Origin")
 )
-
-// loopbackHost reports whether host, a Host header (a name or address and
-// perhaps a port), names the loopback: localhost or a loopback address.
-func loopbackHost(host []byte) bool {
-	if host[0] == '[' { // [::1]:8080
-		end := bytes.IndexByte(host, ']')
-		if end < 0 {
-			return false
-		}
-		host = host[1:end]
-	} else if i := bytes.LastIndexByte(host, ':'); i >= 0 {
-		host = host[:i]
-	}
-	host = bytes.TrimSuffix(host, []byte{'.'}) // localhost. is localhost
-	if bytes.EqualFold(host, []byte("localhost")) {
-		return true
-	}
-	a, err := netip.ParseAddr(unsafe.String(unsafe.SliceData(host), len(host))) // not kept
-	return err == nil && a.IsLoopback()
-}
 
 // Shutdown stops accepting, on the API and the metrics address together,
 // ends the connections that hold no request (a request not yet whole is

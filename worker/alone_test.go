@@ -17,31 +17,9 @@ import (
 	"github.com/plover-run/plover/loader"
 )
 
-// uniqueSource is a bundle whose answer is a C++ inline function's static,
-// the pattern of a header library's singleton or a lazily loaded model:
-// g++ makes it a GNU unique symbol, which the dynamic linker binds once a
-// process, whatever library asks.
-func uniqueSource(t *testing.T, value int) string {
-	t.Helper()
-	src := filepath.Join(t.TempDir(), "unique.cu")
-	body := `#include <stdint.h>
-#include <string.h>
-#include "plover.h"
-PLOVER_BUNDLE("host");
-struct Model { int32_t value = ` + strconv.Itoa(value) + `, runs = 0; };
-inline Model &model() { static Model m; return m; }
-PLOVER_ENTRY(echo) {
-  (void)grid; (void)block;
-  int32_t v = model().value * 100 + ++model().runs;
-  memcpy(s->out.dat, &v, sizeof v);
-  s->out.len = sizeof v;
-}
-`
-	if err := os.WriteFile(src, []byte(body), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return src
-}
+// uniqueSource is testkit.UniqueSource with the worker tests' one tag:
+// each of their loads is in a process of its own, or meant to be.
+func uniqueSource(t *testing.T, value int) string { return testkit.UniqueSource(t, "w", value) }
 
 // TestTenantWorkerKeepsGNUUniqueBundlesApart: in tenant scope, a bundle
 // defining GNU unique symbols runs in a worker of its own, so that two of

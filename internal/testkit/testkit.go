@@ -260,3 +260,32 @@ func Goroutines(frames ...string) int {
 	}
 	return count
 }
+
+// UniqueSource writes a bundle source whose answer is a C++ inline
+// function's static, model_TAG() (the pattern of a header library's
+// singleton or a lazily loaded model): value*100 plus its own count of
+// runs, 4 bytes. g++ makes the static a GNU unique symbol, which the
+// dynamic linker binds once a process, whatever library asks; a tag of
+// its own keeps one test's symbol apart from another's in one process.
+func UniqueSource(t testing.TB, tag string, value int) string {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "unique.cu")
+	model := "model_" + tag
+	body := `#include <stdint.h>
+#include <string.h>
+#include "plover.h"
+PLOVER_BUNDLE("host");
+struct Model { int32_t value = ` + strconv.Itoa(value) + `, runs = 0; };
+inline Model &` + model + `() { static Model m; return m; }
+PLOVER_ENTRY(echo) {
+  (void)grid; (void)block;
+  int32_t v = ` + model + `().value * 100 + ++` + model + `().runs;
+  memcpy(s->out.dat, &v, sizeof v);
+  s->out.len = sizeof v;
+}
+`
+	if err := os.WriteFile(src, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
