@@ -225,10 +225,18 @@ func BatchAllocs(t testing.TB) *[]int64 {
 }
 
 // SpoolHeld is the bytes deploys' uploads hold of the node's spool budget
-// and of tenant's part of it.
+// and of tenant's part of it (0: no part kept).
 func (e *Engine) SpoolHeld(tenant string) (node, part int64) {
-	return e.spools.all.InUse(), e.spools.of(tenant).InUse()
+	e.spools.mu.Lock()
+	defer e.spools.mu.Unlock()
+	if t := e.spools.tenant[tenant]; t != nil {
+		part = t.b.InUse()
+	}
+	return e.spools.all.InUse(), part
 }
+
+// SpoolTenants is how many tenants' parts of the spool the node keeps.
+func (e *Engine) SpoolTenants() int { return e.spools.tenants() }
 
 // SetStoreCallBound sets the bound of a control call's store part until
 // the test ends.

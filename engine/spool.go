@@ -36,7 +36,15 @@ type spools struct {
 	all    *netguard.Budget // nil: no bound
 	share  int64            // what one tenant may hold
 	mu     sync.Mutex
-	tenant map[string]*netguard.Budget
+	tenant map[string]*tenantSpool
+}
+
+// tenantSpool is a tenant's part while uploads of it are in flight:
+// forgotten with its last, so that a node whose tokens come and go (a
+// SIGHUP's) keeps no part for a tenant long gone.
+type tenantSpool struct {
+	b     *netguard.Budget
+	users int
 }
 
 func newSpools(total, bundle int64) *spools {
@@ -48,23 +56,48 @@ func newSpools(total, bundle int64) *spools {
 	// take less than it counts (the budget clamps each take to its size).
 	total = max(total, bundle, 32<<10)
 	share := min(total, max(total-bundle, bundle))
-	return &spools{all: netguard.NewBudget(total), share: share, tenant: map[string]*netguard.Budget{}}
+	return &spools{all: netguard.NewBudget(total), share: share, tenant: map[string]*tenantSpool{}}
 }
 
 // of is tenant's part ("": none, the deploys of a node without tokens
-// and the model repository's, held by the whole budget alone).
+// and the model repository's, held by the whole budget alone), for one
+// upload, which gives it back with done.
 func (s *spools) of(tenant string) *netguard.Budget {
 	if tenant == "" || s.all == nil {
 		return nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	b := s.tenant[tenant]
-	if b == nil {
-		b = netguard.NewBudget(s.share)
-		s.tenant[tenant] = b
+	t := s.tenant[tenant]
+	if t == nil {
+		t = &tenantSpool{b: netguard.NewBudget(s.share)}
+		s.tenant[tenant] = t
 	}
-	return b
+	t.users++
+	return t.b
+}
+
+// done ends one upload's use of tenant's part, taken with of: the part
+// is forgotten with its last upload, which has released what it held.
+func (s *spools) done(tenant string) {
+	if tenant == "" || s.all == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t := s.tenant[tenant]; t != nil {
+		if t.users--; t.users <= 0 {
+			delete(s.tenant, tenant)
+		}
+	}
+}
+
+// tenants is how many tenants' parts are kept: those with uploads in
+// flight.
+func (s *spools) tenants() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.tenant)
 }
 
 // spoolRoom is one upload's part of the budget: an io.Writer in front of
@@ -132,11 +165,13 @@ func (r *spoolRoom) waitCtx() (context.Context, context.CancelFunc) {
 	return context.WithDeadline(r.ctx, r.until)
 }
 
-// release gives back what the upload held: once its file is removed.
+// release gives back what the upload held, and its use of its tenant's
+// part: once its file is removed.
 func (r *spoolRoom) release() {
 	r.own.ReleasePast(r.held)
 	r.e.spools.all.ReleasePast(r.held)
 	r.held = 0
+	r.e.spools.done(r.tenant)
 }
 
 // spoolFull is the error of an upload that waited its most for room, n

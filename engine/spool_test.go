@@ -138,6 +138,11 @@ func TestUploadsHoldTheSpoolBudget(t *testing.T) {
 	if _, err := e.Control().DeployAs(context.Background(), m.Name, "a", bytes.NewReader(b), true); err != nil {
 		t.Fatalf("tenant a's deploy with room: %v", err)
 	}
+	// A tenant's part lives as long as its uploads: kept, a node whose
+	// tokens come and go kept one for every tenant it ever spooled for.
+	if n := e.SpoolTenants(); n != 0 {
+		t.Errorf("%d tenants' parts of the spool kept once every upload ended, want none", n)
+	}
 }
 
 // A bundle over the node's bound is refused 413 as soon as it passes it,
