@@ -408,7 +408,7 @@ func TestFunctionPage(t *testing.T) {
 		open(p)
 		v0 := vid(0)
 		p.do(10*time.Second, "rollback to v0",
-			chromedp.Click(chromedp.CSS(`button.rollback[data-version="`+v0+`"]`)),
+			chromedp.Click(chromedp.CSS(`button.rollback[data-version="`+v0+`"]:not([aria-disabled])`)),
 			poll(`document.getElementById("rollback-warnings").textContent.includes("pipeline outer runs f")`),
 			chromedp.WaitVisible(chromedp.CSS(`tr.current[data-version="`+v0+`"]`)))
 		if got := eval[string](p, `document.getElementById("rollback-warnings").textContent`); !strings.Contains(got, `warning: rolled back: pipeline outer runs f <b id="injected">past its limit</b>`) ||
@@ -424,9 +424,31 @@ func TestFunctionPage(t *testing.T) {
 			t.Errorf("two refreshes after the rollback its warnings show as %q", got)
 		}
 		p.do(10*time.Second, "rollback to v1, which warns of nothing",
-			chromedp.Click(chromedp.CSS(`button.rollback[data-version="`+vid(1)+`"]`)),
+			chromedp.Click(chromedp.CSS(`button.rollback[data-version="`+vid(1)+`"]:not([aria-disabled])`)),
 			chromedp.WaitVisible(chromedp.CSS(`tr.current[data-version="`+vid(1)+`"]`)),
 			poll(`document.getElementById("rollback-warnings").textContent === ""`))
+	})
+
+	// A rollback button takes no click until it and the page have been in
+	// view a moment: another site's tab opened under a double-click must
+	// not land the second click on it. The page's focus (what such a tab
+	// gets) starts the wait again; a click within it is said, not sent.
+	t.Run("a click as the page comes into view", func(t *testing.T) {
+		p := b.tab(t, "")
+		open(p)
+		btn := `document.querySelector('button.rollback[data-version="` + vid(0) + `"]')`
+		p.do(10*time.Second, "the button settles", poll(btn+` !== null && !`+btn+`.hasAttribute("aria-disabled")`))
+		before := len(f.asks("/v1/functions/f/rollback"))
+		if !eval[bool](p, `(() => { window.dispatchEvent(new Event("focus")); `+btn+`.click(); return `+btn+`.getAttribute("aria-disabled") === "true"; })()`) {
+			t.Fatal("the button took no wait after the page's focus")
+		}
+		if got := eval[string](p, `document.getElementById("rollback-error").textContent`); !strings.Contains(got, "Not rolled back") {
+			t.Errorf("a click as the page came into view says %q, want it not taken", got)
+		}
+		p.do(10*time.Second, "the button settles again", poll(`!`+btn+`.hasAttribute("aria-disabled")`))
+		if n := len(f.asks("/v1/functions/f/rollback")); n != before {
+			t.Errorf("%d rollbacks asked for by a click as the page came into view", n-before)
+		}
 	})
 
 	// The versions are asked for again only when they changed (the

@@ -402,7 +402,7 @@ func TestConsole(t *testing.T) {
 		t.Error("the upload field has no label, or the chart no role and name")
 	}
 	do("rollback from the page",
-		chromedp.Click(chromedp.CSS(`button.rollback[data-version="`+other+`"]`)),
+		chromedp.Click(chromedp.CSS(`button.rollback[data-version="`+other+`"]:not([aria-disabled])`)),
 		chromedp.WaitVisible(chromedp.CSS(`tr.current[data-version="`+other+`"]`)))
 	if after := versions(); after.Current != other {
 		t.Errorf("after rollback from the page: current %s, want %s", after.Current, other)
@@ -415,7 +415,7 @@ func TestConsole(t *testing.T) {
 	do("rollback with a read token",
 		chromedp.Navigate(srv.url+"/ui/#/functions/vecadd?token="+toks["dash"]),
 		chromedp.WaitVisible(chromedp.CSS(`button.rollback[data-version="`+back+`"]`)),
-		chromedp.Click(chromedp.CSS(`button.rollback[data-version="`+back+`"]`)),
+		chromedp.Click(chromedp.CSS(`button.rollback[data-version="`+back+`"]:not([aria-disabled])`)),
 		poll(`document.getElementById("rollback-error").textContent.includes("403 forbidden")`))
 	if after := versions(); after.Current != other {
 		t.Errorf("a read token's rollback from the page: current %s, want %s still", after.Current, other)

@@ -16,6 +16,25 @@ let stop = []; // what the current view must end when the route changes
 // 401 to the page's tokenless requests would replace it.
 let refusedToken = "";
 
+// A button that changes state (class "deliberate": a rollback) takes a
+// click only once it and the page have been in view for settleMs: a
+// site that opens the console in a tab of its own under a double-click's
+// pointer would otherwise land the second click on it (the page cannot
+// be framed, so this is the click-jacking left). Until then it is
+// aria-disabled, which also says so to a screen reader and a test.
+const settleMs = 500;
+let settling = 0;
+function unsettle() {
+  const all = () => document.querySelectorAll("button.deliberate");
+  for (const b of all()) b.setAttribute("aria-disabled", "true");
+  clearTimeout(settling);
+  settling = setTimeout(() => { for (const b of all()) b.removeAttribute("aria-disabled"); }, settleMs);
+}
+document.addEventListener("visibilitychange", () => { if (!document.hidden) unsettle(); });
+window.addEventListener("focus", unsettle);
+// settled says whether a click on b is taken (see unsettle).
+const settled = (b) => b.getAttribute("aria-disabled") !== "true";
+
 // el makes an element; string children become text nodes.
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
@@ -482,7 +501,11 @@ function functionPage(name, query) {
     shown = key;
     versions.replaceChildren(...(rec.versions || []).slice().reverse().map((v) => {
       const cur = v.id === rec.current;
-      const b = cur ? el("span", { class: "ok" }, "current") : el("button", { class: "rollback", "data-version": v.id, onclick: async () => {
+      const b = cur ? el("span", { class: "ok" }, "current") : el("button", { class: "rollback deliberate", "data-version": v.id, onclick: async (ev) => {
+        if (!settled(ev.currentTarget)) {
+          rollbackError.textContent = "Not rolled back: the button had just come into view (clicks within " + settleMs + " ms of it are not taken); click again.";
+          return;
+        }
         rollbackError.textContent = "";
         rollbackWarnings.replaceChildren();
         try {
@@ -501,6 +524,7 @@ function functionPage(name, query) {
       }, "aria-label": "Roll back to " + short(v.id) }, "Roll back");
       return el("tr", { "data-version": v.id, class: cur ? "current" : "" }, el("td", {}, short(v.id)), el("td", {}, v.created), el("td", { class: "tenant" }, v.tenant || ""), el("td", { class: "num" }, bytes(v.size)), el("td", {}, b));
     }));
+    unsettle();
   };
   const points = [];
   // The versions are asked for only when the function's current version
