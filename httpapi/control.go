@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/plover-run/plover/apierr"
+	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/gate"
 )
@@ -162,7 +163,8 @@ func (s *Server) deploy(ctx *fasthttp.RequestCtx, name string) {
 		// read fails with the 413 (the engine's error wraps it), never a
 		// bundle cut short and refused as damaged.
 		body = &bundleReader{s: s, r: stream, ctx: ctx, left: int64(s.opts.MaxBodyBytes),
-			over: over("more than " + strconv.Itoa(s.opts.MaxBodyBytes)), length: int64(ctx.Request.Header.ContentLength())}
+			over: over("more than " + strconv.Itoa(s.opts.MaxBodyBytes)), length: int64(ctx.Request.Header.ContentLength()),
+			name: name, tenant: tenant}
 	} else {
 		body = bytes.NewReader(ctx.Request.Body())
 	}
@@ -195,6 +197,9 @@ type bundleReader struct {
 	length  int64 // its Content-Length; < 0 where it has none (chunked)
 	got     int64
 	renewed time.Time
+	// The function deployed and the tenant the deploy was admitted as,
+	// asked again as the upload ends (stillAllowed).
+	name, tenant string
 }
 
 func (m *bundleReader) Read(p []byte) (int, error) {
@@ -218,6 +223,9 @@ func (m *bundleReader) Read(p []byte) (int, error) {
 			Msg: "the bundle ended after " + strconv.FormatInt(m.got, 10) + " of its " + strconv.FormatInt(m.length, 10) + " bytes (Content-Length): send it whole"}
 	case err == io.EOF:
 		markRead(m.ctx)
+		if refused := m.stillAllowed(); refused != nil {
+			return n, refused
+		}
 	case timedOut(err):
 		return n, &apierr.Error{Status: apierr.RequestTimeout,
 			Msg: "the bundle's upload stalled: no byte of it arrived for the server's read timeout of " + m.s.readTimeout().String() + " (after " + strconv.FormatInt(m.got, 10) + " bytes)"}
@@ -225,6 +233,29 @@ func (m *bundleReader) Read(p []byte) (int, error) {
 		return n, m.s.bodyError(err, m.s.serverLimit())
 	}
 	return n, err
+}
+
+// stillAllowed asks again, as a streamed upload ends, whether its token
+// may deploy the function, as the same tenant: an upload may take as
+// long as its client keeps sending, and a token revoked or narrowed by a
+// reload meanwhile (its holder's leaked token, say) must not land its
+// code afterwards. What remains is the unpacking and the store's write,
+// which the upload's end starts.
+func (m *bundleReader) stillAllowed() error {
+	authorization := m.ctx.Request.Header.PeekBytes(hdrAuthorization)
+	r := m.s.gate.Check(authorization, auth.Deploy, m.name)
+	if r == nil {
+		if tenant, rt := m.s.gate.Tenant(authorization); rt != nil {
+			r = rt
+		} else if tenant != m.tenant {
+			return &apierr.Error{Status: apierr.Forbidden,
+				Msg: "the token's name in the auth file changed from " + m.tenant + " to " + tenant + " while the bundle was uploaded (a reload): deploy it again"}
+		}
+	}
+	if r != nil {
+		return &apierr.Error{Status: r.Status, Msg: r.Msg + " (asked again as the bundle's upload ended: the auth file was reloaded meanwhile)"}
+	}
+	return nil
 }
 
 func (s *Server) list(ctx *fasthttp.RequestCtx) {
