@@ -317,8 +317,46 @@ func ParseFunctions(csv string) ([]string, error) {
 		if shellNegation(g) {
 			return nil, fmt.Errorf(`glob %q: "[!" is a class holding '!' to path.Match, not a negation (it would grant what it was to keep out): write "[^" to negate`, g)
 		}
+		if c, ok := foreignLiteral(g); ok {
+			return nil, fmt.Errorf("glob %q can match no function: a function's name has only lower-case letters, digits and '-', not %q", g, string(c))
+		}
+	}
+	// Taken as it is, "*,a" would not be "every function" (Covers
+	// compares with "*" alone), and what needs every function (gc) would
+	// be refused with no word of why.
+	if len(globs) > 1 && slices.Contains(globs, "*") {
+		return nil, fmt.Errorf(`%q: "*" is every function; give it alone`, csv)
 	}
 	return globs, nil
+}
+
+// foreignLiteral is the first byte glob must match literally (outside a
+// class, a '*' or a '?') that no function name holds: such a glob (a
+// typo's "A*") grants nothing, and its token's 403s would not say why.
+func foreignLiteral(glob string) (byte, bool) {
+	for i := 0; i < len(glob); i++ {
+		c := glob[i]
+		switch c {
+		case '*', '?':
+			continue
+		case '[':
+			for i++; i < len(glob) && glob[i] != ']'; i++ { // a class: any of its bytes may be meant
+				if glob[i] == '\\' {
+					i++
+				}
+			}
+			continue
+		case '\\':
+			if i++; i == len(glob) {
+				return 0, false
+			}
+			c = glob[i]
+		}
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return c, true
+		}
+	}
+	return 0, false
 }
 
 // shellNegation reports whether glob has a class opening with an
