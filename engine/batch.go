@@ -91,7 +91,10 @@ type batchItem struct {
 	deadline time.Time
 	enq      time.Time
 	state    atomic.Int32
-	done     chan struct{} // closed once the run has written the result
+	// running is set by its run once the device admits it, from itemTaken
+	// on (written before the state says taken).
+	running *atomic.Bool
+	done    chan struct{} // closed once the run has written the result
 	// Written by the run before done is closed.
 	err       error
 	start     call.Start
@@ -203,6 +206,14 @@ func (b *batcher) await(ctx context.Context, it *batchItem, deadline time.Time) 
 			}
 			return b.finish(it)
 		case <-poll:
+			// Looked for until its run is on the device, as an unbatched
+			// request is: from then on a client that only half-closed its
+			// connection (nc -N, some proxies; to the transport's check,
+			// gone) gets the answer computed for it.
+			if st := it.state.Load(); st != itemPending && st != itemCopying && it.running != nil && it.running.Load() {
+				poll = nil
+				continue
+			}
 			if !req.Gone() {
 				continue
 			}
@@ -380,9 +391,11 @@ func (b *batcher) run(items []*batchItem) {
 	// input copied and are taken now, and from here an abandoned item is
 	// only skipped.
 	live := items[:0]
+	running := new(atomic.Bool)
 	for _, it := range items {
 		if it.state.CompareAndSwap(itemPending, itemCopying) {
 			copy(bb.in[int64(len(live))*b.itemIn:], it.req.Input)
+			it.running = running
 			it.state.Store(itemTaken)
 			live = append(live, it)
 		}
@@ -596,6 +609,7 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 	// still waiting for the device's scheduler leaves it, as an unbatched
 	// request whose client went away does, and runs nothing.
 	gone := func() bool { _, left := liveDeadline(items); return !left }
+	admitted := func() { items[0].running.Store(true) } // the run's items share it
 	t0 := time.Now()
 	inst, fresh, spent, err := pool.takeRetrying(context.Background(), deadline, nil)
 	h := held{pool, inst}
@@ -623,7 +637,7 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 		r.Items = uint32(k)
 		var wait time.Duration
 		h.in = nil
-		wait, ended, err = pool.runOn(context.Background(), inst, r, now, deadline, gone)
+		wait, ended, err = pool.runOn(context.Background(), inst, r, now, deadline, gone, admitted)
 		res.sched += wait
 		res.ran = true
 		r.Input, r.Output, r.Items = nil, nil, 0

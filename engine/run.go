@@ -317,7 +317,7 @@ func (p *pool) runRetrying(ctx context.Context, req *call.Request, in *instance,
 			var wait time.Duration
 			var tEnd time.Time
 			h.in = nil
-			wait, tEnd, err = p.runOn(ctx, in, r, tr, deadline, req.Gone)
+			wait, tEnd, err = p.runOn(ctx, in, r, tr, deadline, req.Gone, nil)
 			req.Timing.Sched += wait
 			if err == nil || retried || !mayRunAgain(err) || spent && collateral(err) {
 				r.Input, r.Output, r.Slot = nil, nil, nil
@@ -370,7 +370,8 @@ func (p *pool) replace(ctx context.Context, in *instance, err error, deadline ti
 // by which a chain reaches a device. start is the caller's clock reading
 // just before; it returns how long the run waited for admission and the
 // clock at the run's end (a hot request reads the clock once per phase).
-// A run not admitted fails with an *Error.
+// A run not admitted fails with an *Error. gone is polled while the run
+// waits for admission; admitted (nil: none) is called once it has it.
 //
 // A run that panics (a bug in a device's Go code) goes on up, to the
 // transport that recovers it (a 500, gRPC's Internal: httpapi's and
@@ -380,7 +381,7 @@ func (p *pool) replace(ctx context.Context, in *instance, err error, deadline ti
 // instance, closed (its memory freed, its worker told to drop it), not
 // put back idle, since what the run left in it is unknown. The caller
 // then has no instance to put back.
-func (p *pool) runOn(ctx context.Context, in *instance, r *device.Run, start, deadline time.Time, gone func() bool) (time.Duration, time.Time, error) {
+func (p *pool) runOn(ctx context.Context, in *instance, r *device.Run, start, deadline time.Time, gone func() bool, admitted func()) (time.Duration, time.Time, error) {
 	// r is the instance's, reused: a run the scheduler refuses must not
 	// hand its request the last run's parts and bytes.
 	r.Timing = device.Timing{}
@@ -392,6 +393,9 @@ func (p *pool) runOn(ctx context.Context, in *instance, r *device.Run, start, de
 	}()
 	fl := in.dev.flow
 	if fl == nil {
+		if admitted != nil {
+			admitted()
+		}
 		err := in.inst.Run(r)
 		ended = true
 		return 0, time.Now(), err
@@ -406,6 +410,9 @@ func (p *pool) runOn(ctx context.Context, in *instance, r *device.Run, start, de
 			tk.Done()
 		}
 	}()
+	if admitted != nil {
+		admitted()
+	}
 	err = in.inst.Run(r)
 	end := time.Now()
 	ended = true

@@ -45,7 +45,7 @@ func TestRunThatPanicsGivesItsSlotAndInstanceBack(t *testing.T) {
 						t.Fatal("the run's panic did not go on up")
 					}
 				}()
-				p.runOn(context.Background(), in, &device.Run{}, time.Now(), time.Now().Add(time.Hour), nil)
+				p.runOn(context.Background(), in, &device.Run{}, time.Now(), time.Now().Add(time.Hour), nil, nil)
 			}()
 			if live, _ := p.instances(); !closed || live != 0 || len(p.idle) != 0 {
 				t.Errorf("after the panic: instance closed %v, the pool's instances %d (idle %d), want closed and none", closed, live, len(p.idle))
