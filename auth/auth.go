@@ -44,7 +44,7 @@ import (
 type Scope uint8
 
 const (
-	Read   Scope = 1 << iota // list/show functions, versions, metrics
+	Read   Scope = 1 << iota // list/show functions, versions, metrics (those Functions cover)
 	Invoke                   // POST /v1/functions/NAME/invoke
 	Deploy                   // deploy, rollback, delete, gc; implies Read
 	Admin                    // everything
@@ -113,7 +113,8 @@ func scopeIndex(name string) int {
 type Principal struct {
 	Name   string
 	Scopes Scope // as written in the file
-	// Functions are path.Match globs limiting invoke and deploy; Parse sets
+	// Functions are path.Match globs limiting invoke, deploy and what a
+	// read shows (Allow, Covers); Parse sets
 	// ["*"] when the file gives none, and Allow treats an empty list as ["*"].
 	Functions []string
 	// Limits bound the token's requests; the zero value bounds nothing.
@@ -199,8 +200,10 @@ func (d *Denied) Error() string { return d.Msg }
 // with function != "", the function must match one of p.Functions
 // (path.Match). With function == "" (a store-wide operation such as gc), need
 // Invoke or Deploy requires Admin or a Functions list that is exactly ["*"]
-// (or empty). Read is limited by Functions only where function != "" (a
-// function's own output, its logs); listings and metadata are not.
+// (or empty). Read is refused by Functions only where function != "" (a
+// function's own output, its logs); listings, metadata and metrics are
+// not refused but cut to the functions p covers (Covers, CoversAll: the
+// transports' gate.View), a name outside them read as no function's.
 func (p *Principal) Allow(need Scope, function string) error {
 	if p == nil {
 		return &Denied{Msg: "no token"}
@@ -255,7 +258,7 @@ func (p *Principal) Covers(function string) bool {
 	if p == nil {
 		return false
 	}
-	if p.Scopes&Admin != 0 || p.allFunctions() {
+	if p.CoversAll() {
 		return true
 	}
 	for _, g := range p.Functions {
@@ -264,6 +267,14 @@ func (p *Principal) Covers(function string) bool {
 		}
 	}
 	return false
+}
+
+// CoversAll reports whether p covers every function, those deployed
+// later too: an admin token, or functions "*". Such a token reads the
+// whole node (every function, its deployers' names, every token's
+// series); one that does not reads only what its globs cover.
+func (p *Principal) CoversAll() bool {
+	return p != nil && (p.Scopes&Admin != 0 || p.allFunctions())
 }
 
 func (p *Principal) allFunctions() bool {

@@ -24,13 +24,9 @@ func errorf(k errdefs.Kind, err error, format string, a ...any) *errdefs.Error {
 	return errdefs.New(k, err, format, a...)
 }
 
-// notFound is the 404 of a name no function has; err is what said so (nil:
-// the name cannot be a function's). The name is kept for a did-you-mean
-// (errdefs.NoFunction), copied: it may be a request's bytes. The message
-// quotes its head only.
+// notFound is the 404 of a name no function has (errdefs.UnknownFunction).
 func notFound(name string, err error, why string) *errdefs.Error {
-	name = strings.Clone(name)
-	return errorf(errdefs.KindNotFound, &errdefs.NoFunction{Name: name, Err: err}, "function %s not found%s", errdefs.QuoteName(name), why)
+	return errdefs.UnknownFunction(name, err, why)
 }
 
 // unavailable is the 503 of a store that failed, the error of every store

@@ -83,6 +83,17 @@ type NoFunction struct {
 	Err  error // what said so (the store's ErrNoFunction), or nil
 }
 
+// UnknownFunction is the 404 of a name no function has: err is what said
+// so (nil: the name cannot be a function's), why a note after the message.
+// The name is kept for a did-you-mean, copied (it may be a request's
+// bytes); the message quotes its head only. The engine answers every name
+// it does not have with it, and the transports a name their caller may
+// not learn of (gate.View.Hide), so that the two read alike.
+func UnknownFunction(name string, err error, why string) *Error {
+	name = strings.Clone(name)
+	return New(KindNotFound, &NoFunction{Name: name, Err: err}, "function %s not found%s", QuoteName(name), why)
+}
+
 func (e *NoFunction) Error() string {
 	if e.Err != nil {
 		return e.Err.Error()

@@ -68,10 +68,17 @@ const maxTimedSteps = 64
 // that may not call it, and so not learn of it: its name, version, nor
 // whether another tenant ran it lately (its start kind).
 func StepShown(st *call.StepTiming, sees func(string) bool) bool {
+	return PathShown(st.Step, sees)
+}
+
+// PathShown reports whether sees (nil: every name) takes every name in a
+// step's path ("inner/cnn"), as its Server-Timing entry and its series'
+// function label write it.
+func PathShown(path string, sees func(string) bool) bool {
 	if sees == nil {
 		return true
 	}
-	for rest := st.Step; ; {
+	for rest := path; ; {
 		name, after, more := strings.Cut(rest, "/")
 		if !sees(name) {
 			return false
