@@ -197,6 +197,8 @@ type Version struct {
 	// Tenant is whose function the version is: the name of the token
 	// that deployed it (never the token itself); empty without an auth
 	// file, or for a model repository's version: the one tenant then.
+	// Shown only to a token that covers every function (admin, or
+	// functions "*"): token names are tenants' (httpapi's versions).
 	// With --worker-scope tenant a tenant's functions share worker
 	// processes, and never a process with another tenant's.
 	Tenant string `json:"tenant,omitempty"`

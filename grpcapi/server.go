@@ -452,9 +452,7 @@ func (s *Server) ModelReady(ctx context.Context, req *pb.ModelReadyRequest) (*pb
 	if err := refusal(ctx); err != nil {
 		return nil, s.statusOf(ctx, err, "ModelReady")
 	}
-	// Not cut by the call's end: a client past its deadline resets the
-	// stream a little before it, which must read as the deadline's 504.
-	pin, _, err := s.pin(context.WithoutCancel(ctx), req.GetName(), req.GetVersion(), s.deadline(ctx))
+	pin, _, err := s.pinSeen(ctx, req.GetName(), req.GetVersion())
 	var pe *pipeline.PlanError
 	if errors.As(err, &pe) {
 		// A pipeline whose steps do not resolve (a step's function
@@ -475,7 +473,7 @@ func (s *Server) ModelMetadata(ctx context.Context, req *pb.ModelMetadataRequest
 	if err := refusal(ctx); err != nil {
 		return nil, s.statusOf(ctx, err, "ModelMetadata")
 	}
-	pin, ts, err := s.pin(context.WithoutCancel(ctx), req.GetName(), req.GetVersion(), s.deadline(ctx)) // as ModelReady
+	pin, ts, err := s.pinSeen(ctx, req.GetName(), req.GetVersion())
 	if err != nil {
 		return nil, s.statusOf(ctx, oip.MetadataError(req.GetName(), err), "ModelMetadata")
 	}
@@ -491,6 +489,17 @@ func tensorMeta(ts []abi.Tensor) []*pb.ModelMetadataResponse_TensorMetadata {
 		out[i] = &pb.ModelMetadataResponse_TensorMetadata{Name: t.Name, Datatype: t.Datatype, Shape: t.Shape}
 	}
 	return out
+}
+
+// pinSeen is pin for a model's metadata or readiness: one the caller may
+// not learn of reads as no model (gate.View.Hide, as over HTTP). Not cut
+// by the call's end: a client past its deadline resets the stream a
+// little before it, which must read as the deadline's 504.
+func (s *Server) pinSeen(ctx context.Context, name, version string) (pipeline.Pin, *abi.Tensors, error) {
+	if err := s.door.Gate().View(authorization(ctx)).Hide(name); err != nil {
+		return pipeline.Pin{}, nil, err
+	}
+	return s.pin(context.WithoutCancel(ctx), name, version, s.deadline(ctx))
 }
 
 // pin resolves name's current version for the request (oip.Pin, as the

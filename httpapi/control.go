@@ -24,7 +24,7 @@ import (
 func (s *Server) function(ctx *fasthttp.RequestCtx, name string) {
 	switch string(ctx.Method()) {
 	case fasthttp.MethodGet:
-		fi, err := s.adm.Function(callCtx(ctx), name)
+		fi, err := s.describe(ctx, name)
 		if err != nil {
 			s.fail(ctx, err)
 			return
@@ -52,7 +52,7 @@ func (s *Server) functionSub(ctx *fasthttp.RequestCtx, name, sub string, tk *gat
 		if !s.method(ctx, fasthttp.MethodGet) {
 			return
 		}
-		rec, err := s.adm.Versions(callCtx(ctx), name)
+		rec, err := s.versions(ctx, name)
 		if err != nil {
 			s.fail(ctx, err)
 			return
@@ -259,7 +259,7 @@ func (m *bundleReader) stillAllowed() error {
 }
 
 func (s *Server) list(ctx *fasthttp.RequestCtx) {
-	fs, err := s.adm.Functions(callCtx(ctx))
+	fs, err := s.functions(ctx)
 	if err != nil {
 		s.fail(ctx, err)
 		return

@@ -90,7 +90,7 @@ func (s *Server) repository(ctx *fasthttp.RequestCtx) {
 	repo := s.opts.Repository
 	switch action {
 	case "":
-		writeJSON(ctx, fasthttp.StatusOK, repo.Index(callCtx(ctx), body.Ready))
+		writeJSON(ctx, fasthttp.StatusOK, s.index(ctx, repo, body.Ready))
 		return
 	case "load":
 		if p := override(body.Parameters); p != "" {

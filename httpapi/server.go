@@ -475,6 +475,10 @@ func (s *Server) metrics(ctx *fasthttp.RequestCtx) {
 	if leaveBody(ctx) {
 		ctx.Request.ResetBody() // the stream detached, nothing of it read
 	}
+	if v := s.view(ctx); !v.All() {
+		s.scrapeSeen(ctx, v)
+		return
+	}
 	s.scrape(ctx)
 }
 

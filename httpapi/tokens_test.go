@@ -18,6 +18,22 @@ type tokenSpec struct {
 // tokens by name.
 func newTokens(t *testing.T, specs ...tokenSpec) (*auth.Table, map[string]string) {
 	t.Helper()
+	limited := make([]limitedSpec, len(specs))
+	for i, s := range specs {
+		limited[i] = limitedSpec{s, auth.Limits{}}
+	}
+	return newLimitedTokens(t, limited...)
+}
+
+// limitedSpec is a line of a test's auth file with its limits.
+type limitedSpec struct {
+	tokenSpec
+	limits auth.Limits
+}
+
+// newLimitedTokens is newTokens for lines with limits.
+func newLimitedTokens(t *testing.T, specs ...limitedSpec) (*auth.Table, map[string]string) {
+	t.Helper()
 	toks := map[string]string{}
 	var lines []string
 	for _, l := range specs {
@@ -26,7 +42,7 @@ func newTokens(t *testing.T, specs ...tokenSpec) (*auth.Table, map[string]string
 			t.Fatal(err)
 		}
 		toks[l.name] = tok
-		lines = append(lines, auth.Line(l.name, l.scopes, auth.Hash(tok), l.globs, auth.Limits{}))
+		lines = append(lines, auth.Line(l.name, l.scopes, auth.Hash(tok), l.globs, l.limits))
 	}
 	tab, err := auth.Parse(strings.NewReader(strings.Join(lines, "\n")+"\n"), "tokens")
 	if err != nil {

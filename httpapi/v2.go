@@ -140,7 +140,14 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version call.Name, acti
 		s.fail(ctx, err)
 		return
 	}
-	pin, ts, err := oip.Pin(context.Background(), s.door, fn, version.Borrow(), s.door.Deadline(started(ctx), dl))
+	// A model the caller may not learn of reads as no model, before any
+	// pin (gate.View.Hide).
+	var pin pipeline.Pin
+	var ts *abi.Tensors
+	err = s.view(ctx).Hide(fn)
+	if err == nil {
+		pin, ts, err = oip.Pin(context.Background(), s.door, fn, version.Borrow(), s.door.Deadline(started(ctx), dl))
+	}
 	var pe *pipeline.PlanError
 	if action == "ready" && errors.As(err, &pe) {
 		// A pipeline whose steps do not resolve (a step's function

@@ -757,7 +757,8 @@ function pipelines() {
           const fn = label.slice(label.lastIndexOf("/") + 1);
           return el("tr", { "data-step": String(i), "data-function": label },
             j === 0 ? el("td", { rowspan: String(rows.length) }, String(i + 1)) : null,
-            el("td", {}, el("a", { href: "#/functions/" + encodeURIComponent(fn) }, label)),
+            // "": a step the token may not see (another tenant's function).
+            el("td", {}, label ? el("a", { href: "#/functions/" + encodeURIComponent(fn) }, label) : "–"),
             el("td", {}, short(version)), el("td", { class: "num runs" }, l.count || 0), el("td", { class: "num errors" }, stepErr[k] || 0),
             el("td", { class: "num p50" }, ms(l.p50)), el("td", { class: "num p99" }, ms(l.p99)));
         })))))));
