@@ -474,24 +474,47 @@ func unpack(r io.Reader, dst string, maxUnpacked int64, fault WriteFault, parse 
 // blocks counted, as some FUSE file systems report) is left to the writes
 // to tell.
 func room(path string, size int64) (*claim, error) {
-	var st unix.Statfs_t
-	if unix.Statfs(filepath.Dir(path), &st) != nil || st.Blocks == 0 {
+	free, fsid, ok := diskFree(filepath.Dir(path))
+	if !ok {
 		return nil, nil
+	}
+	unwritten.Lock()
+	defer unwritten.Unlock()
+	others := uint64(unwritten.by[fsid])
+	if uint64(size) > free || uint64(size) > free-min(free, others) {
+		return nil, &noRoomError{path: path, size: size, free: free, others: others}
+	}
+	unwritten.by[fsid] += size
+	return &claim{fs: fsid, left: size}, nil
+}
+
+// diskFree is what the disk under dir has free for this process; ok is
+// false where the disk cannot say (room).
+func diskFree(dir string) (free uint64, fsid unix.Fsid, ok bool) {
+	var st unix.Statfs_t
+	if unix.Statfs(dir, &st) != nil || st.Blocks == 0 {
+		return 0, fsid, false
 	}
 	unit := uint64(st.Frsize) // f_bavail counts fragments on Linux
 	if unit == 0 {
 		unit = uint64(st.Bsize)
 	}
-	free := st.Bavail * unit
-	unwritten.Lock()
-	defer unwritten.Unlock()
-	others := uint64(unwritten.by[st.Fsid])
-	if uint64(size) > free || uint64(size) > free-min(free, others) {
-		return nil, fmt.Errorf("unpack %s: %d bytes, and its disk has %d free, %d of them claimed by other unpacks under way: %w", path, size, free, others, syscall.ENOSPC)
-	}
-	unwritten.by[st.Fsid] += size
-	return &claim{fs: st.Fsid, left: size}, nil
+	return st.Bavail * unit, st.Fsid, true
 }
+
+// noRoomError is room's refusal, ENOSPC: its size is what the cache must
+// free for the file to be written (Cache.makeRoom).
+type noRoomError struct {
+	path         string
+	size         int64
+	free, others uint64
+}
+
+func (e *noRoomError) Error() string {
+	return fmt.Sprintf("writing %s: %d bytes, and its disk has %d free, %d of them claimed by other writes of bundles under way: %v", e.path, e.size, e.free, e.others, syscall.ENOSPC)
+}
+
+func (e *noRoomError) Unwrap() error { return syscall.ENOSPC }
 
 // unwritten is, by file system, the bytes this process's unpacks have
 // claimed (room) and not written yet.

@@ -2,8 +2,6 @@ package bundle
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -12,11 +10,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/plover-run/plover/abi"
-	"github.com/plover-run/plover/fileutil"
 	"github.com/plover-run/plover/objectstore"
 )
 
@@ -47,6 +43,9 @@ type Cache struct {
 	// released, by bundle in reservedBy: counted with the bundles in use.
 	reserved   int64
 	reservedBy map[string]*reservation
+	// full is, by bundle, a fetch of it that found the disk full, which
+	// the next ones within fullBackoff are answered with (stillFull).
+	full map[string]fullDisk
 
 	// OnRepair, when set, hears of a cached bundle whose files no longer
 	// match what was unpacked: the entry is discarded and fetched again.
@@ -265,7 +264,9 @@ func (c *Cache) Release(sha string) {
 	c.mu.Lock()
 	var gone []string
 	if e, ok := c.entries[sha]; ok && e.inUse > 0 {
-		e.inUse--
+		if e.inUse--; e.inUse == 0 {
+			clear(c.full) // a bundle the disk lacked room for may find it now (makeRoom)
+		}
 		gone = c.evictLocked()
 	}
 	c.mu.Unlock()
@@ -290,8 +291,17 @@ func (c *Cache) removeAll(dirs []string) {
 // cache fits its limit. Bundles in use are never removed, so the cache can
 // exceed the limit while they are.
 func (c *Cache) evictLocked() (gone []string) {
+	gone, _ = c.evictIdleLocked(func(int64) bool { return c.maxBytes <= 0 || c.total <= c.maxBytes })
+	return gone
+}
+
+// evictIdleLocked sets aside least recently used bundles not in use until
+// enough says the bytes set aside so far are enough, or none is left; it
+// returns their directories, for the caller to remove once it let go of
+// the lock, and their bytes.
+func (c *Cache) evictIdleLocked(enough func(freed int64) bool) (gone []string, freed int64) {
 	var stuck map[string]bool // victims that could not be renamed this pass
-	for c.maxBytes > 0 && c.total > c.maxBytes {
+	for !enough(freed) {
 		var victim string
 		var oldest time.Time
 		for sha, e := range c.entries {
@@ -300,14 +310,12 @@ func (c *Cache) evictLocked() (gone []string) {
 			}
 		}
 		if victim == "" {
-			return gone
+			return gone, freed
 		}
 		// Renamed aside here, removed by the caller once it let go of the
 		// lock: a crash mid-removal must not leave a half-deleted bundle
-		// under its sha256 name (NewCache removes .evict-* leftovers).
-		// Named apart: the same bundle, fetched again, may be evicted
-		// again before the first removal ends.
-		aside := filepath.Join(c.dir, ".evict-"+victim+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+		// under its sha256 name.
+		aside := c.asideName(victim)
 		switch err := os.Rename(filepath.Join(c.dir, victim), aside); {
 		case errors.Is(err, fs.ErrNotExist):
 			// Removed behind the cache's back (an operator, a tmp
@@ -322,11 +330,20 @@ func (c *Cache) evictLocked() (gone []string) {
 			continue
 		default:
 			gone = append(gone, aside)
+			freed += c.entries[victim].size
 		}
 		c.total -= c.entries[victim].size
 		delete(c.entries, victim)
 	}
-	return gone
+	return gone, freed
+}
+
+// asideName is a name to set sha's directory aside under, for its removal
+// (NewCache removes .evict-* leftovers of a crash). Named apart: the same
+// bundle, fetched again, may be set aside again before the first removal
+// ends.
+func (c *Cache) asideName(sha string) string {
+	return filepath.Join(c.dir, ".evict-"+sha+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
 }
 
 // ErrDamagedInUse is a cached bundle whose files no longer match what was
@@ -376,23 +393,7 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 	// Pin a cached bundle before reading it, so that eviction (which skips
 	// bundles in use) cannot remove it under us.
 	if c.pin(sha, dir) {
-		// The disk may have changed under the cache (a restore, a hand):
-		// the library and constants are checked against what was
-		// unpacked before they are loaded, by their stamps, kept in the
-		// entry since it was unpacked (a model's weights are not read
-		// again at every warm-up, nor at every restart), or by their
-		// bytes where there are none to trust.
-		var err error
-		if !c.unchanged(sha, dir) {
-			var st stamps
-			c.mu.Lock()
-			c.hashed++
-			c.mu.Unlock()
-			began := c.clock()
-			if st, err = checkSums(dir); err == nil {
-				c.verify(sha, dir, st, began)
-			}
-		}
+		err := c.check(sha, dir)
 		if err == nil {
 			// Read as stored: a version taken before a rule for new
 			// manifests came still loads (abi.ParseStoredManifest).
@@ -418,6 +419,27 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 	c.use(sha, dir, size)
 	c.keep(sha, st)
 	return dir, m, true, nil
+}
+
+// check reports why sha's files in dir are no longer what was unpacked,
+// nil where they are. The disk may have changed under the cache (a
+// restore, a hand, a fault): the library and constants are checked before
+// they are loaded, by their stamps, kept in the entry since it was
+// unpacked (a model's weights are not read again at every warm-up, nor at
+// every restart), or by their bytes where there are none to trust.
+func (c *Cache) check(sha, dir string) error {
+	if c.unchanged(sha, dir) {
+		return nil
+	}
+	c.mu.Lock()
+	c.hashed++
+	c.mu.Unlock()
+	began := c.clock()
+	st, err := checkSums(dir)
+	if err == nil {
+		c.verify(sha, dir, st, began)
+	}
+	return err
 }
 
 // unchanged reports whether sha's files still have the stamps they had
@@ -493,9 +515,9 @@ func (c *Cache) discard(sha, dir string) []string {
 		delete(c.entries, sha)
 	}
 	c.mu.Unlock()
-	// Named apart, as evictLocked's are: this one's removal runs after
-	// sha's lock is let go, beside a later discard of the same bundle.
-	gone := filepath.Join(c.dir, ".evict-"+sha+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+	// This one's removal runs after sha's lock is let go, beside a later
+	// discard of the same bundle.
+	gone := c.asideName(sha)
 	if os.Rename(dir, gone) != nil {
 		return nil
 	}
@@ -563,115 +585,6 @@ func (c *Cache) lock(ctx context.Context, sha string) (unlock func(), err error)
 		<-l.held
 		letGo()
 	}, nil
-}
-
-// FetchTurns is how many bundles a node fetches and unpacks at once (Get),
-// besides the deploys the engine lets unpack.
-const FetchTurns = 2
-
-// fetch reads bundle sha from store into dir, in one of the cache's
-// turns; a directory in dir's way is
-// set aside and added to aside, for the caller to remove once it let go
-// of sha's lock.
-func (c *Cache) fetch(ctx context.Context, store objectstore.Store, sha, dir string, aside *[]string) (*abi.Manifest, stamps, int64, error) {
-	select {
-	case c.fetches <- struct{}{}:
-		defer func() { <-c.fetches }()
-	case <-ctx.Done():
-		return nil, nil, 0, &FetchError{Err: fmt.Errorf("waiting for a turn to fetch bundle %s (this node fetches and unpacks %d at once): %w", sha, FetchTurns, ctx.Err())}
-	}
-	rc, err := store.Get(ctx, ObjectKey(sha))
-	if err != nil {
-		return nil, nil, 0, &FetchError{Err: err}
-	}
-	defer rc.Close()
-	tmp, err := os.CreateTemp(c.dir, ".fetch-*")
-	if err != nil {
-		return nil, nil, 0, &StageError{Stage: "fetching", Err: fmt.Errorf("bundle cache: %w", err)}
-	}
-	defer os.Remove(tmp.Name())
-	defer tmp.Close()
-	h := sha256.New()
-	sink := &fileutil.Writer{W: c.WriteFault.Wrap(tmp, tmp.Name())}
-	n, err := io.Copy(io.MultiWriter(sink, h), io.LimitReader(rc, c.MaxObject()+1))
-	if sink.Err != nil {
-		// This node's disk (full, most likely), not the store: the caller
-		// must not report a store that is fine as the cause.
-		return nil, nil, 0, &StageError{Stage: "fetching", Err: fmt.Errorf("bundle cache: %w", sink.Err)}
-	}
-	if err != nil {
-		return nil, nil, 0, &FetchError{Err: err}
-	}
-	if n > c.MaxObject() {
-		return nil, nil, 0, refuse("object %s is larger than %d bytes", ObjectKey(sha), c.MaxObject())
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != sha {
-		return nil, nil, 0, refuse("sha256 mismatch for %s: content hashes to %s (the stored object is damaged: plover deploy --force of the same bundle stores it anew)", ObjectKey(sha), got)
-	}
-	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-		return nil, nil, 0, &StageError{Stage: "fetching", Err: fmt.Errorf("bundle cache: %w", err)}
-	}
-	m, st, size, err := c.unpackInto(tmp, dir, aside)
-	if err != nil {
-		err = &StageError{Stage: "unpacking", Err: err}
-	}
-	return m, st, size, err
-}
-
-// unpackInto unpacks r into a temporary sibling of dir, stamped
-// (stampUnpacked), then renames it into place; it returns the bytes the
-// entry takes, counted before the rename (use cannot fail after it). A
-// directory in dir's way is set aside into aside (rename).
-func (c *Cache) unpackInto(r io.Reader, dir string, aside *[]string) (*abi.Manifest, stamps, int64, error) {
-	work, err := mkdirShared(c.dir, ".unpack-*")
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("bundle cache: %w", err)
-	}
-	m, err := unpack(r, work, c.maxUnpacked, c.WriteFault, abi.ParseStoredManifest, nil)
-	var st stamps
-	var size int64
-	if err == nil {
-		st, err = writeSums(work)
-	}
-	if err == nil {
-		size, _, err = dirSize(work)
-	}
-	if err == nil {
-		err = c.rename(work, dir, aside) // which keeps each file's stamp
-	}
-	if err != nil {
-		os.RemoveAll(work)
-		return nil, nil, 0, err
-	}
-	// Best effort: the entry is complete in place, its files durable; were
-	// the rename lost to a crash, the bundle would only be fetched again.
-	// (Failed, the whole would leave a directory no entry records, where
-	// every later fetch's rename would fail.)
-	syncDir(c.dir)
-	return m, st, size, nil
-}
-
-// rename moves work into place as dir, an entry no one holds (its sha's
-// lock is held, and no entry records it): a directory found there is
-// one no entry records (a discard whose rename failed, a copy put there
-// by hand), set aside for the new one. Left, it would fail this rename,
-// and every later fetch's, until a restart. The directory set aside is
-// added to aside, not removed here: sha's lock is held, and a large one
-// would hold up every request for the bundle while it went.
-func (c *Cache) rename(work, dir string, aside *[]string) error {
-	err := os.Rename(work, dir)
-	if !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
-		return err
-	}
-	gone, err := os.MkdirTemp(c.dir, ".evict-*")
-	if err != nil {
-		return fmt.Errorf("bundle cache: setting aside %s, which no entry records: %w", filepath.Base(dir), err)
-	}
-	*aside = append(*aside, gone) // empty, or holding dir: removed either way
-	if err := os.Rename(dir, filepath.Join(gone, filepath.Base(dir))); err != nil {
-		return fmt.Errorf("bundle cache: setting aside %s, which no entry records: %w", filepath.Base(dir), err)
-	}
-	return os.Rename(work, dir)
 }
 
 // Verify unpacks a bundle into a scratch directory under the cache and

@@ -25,18 +25,7 @@ import (
 // putBundle stores a bundle whose constants are size bytes of fill.
 func putBundle(t *testing.T, store objectstore.Store, fill byte, size int) string {
 	t.Helper()
-	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, abi.ManifestFile), manifestJSON(t, "w.bin"), 0o644)
-	os.WriteFile(filepath.Join(dir, "lib.so"), []byte("\x7fELF"), 0o644)
-	os.WriteFile(filepath.Join(dir, "w.bin"), bytes.Repeat([]byte{fill}, size), 0o644)
-	b, sha, _, err := PackBytes(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Put(context.Background(), ObjectKey(sha), bytes.NewReader(b), int64(len(b))); err != nil {
-		t.Fatal(err)
-	}
-	return sha
+	return putConsts(t, store, bytes.Repeat([]byte{fill}, size))
 }
 
 // storedBundle is a store holding a bundle with 4 KiB of constants, its

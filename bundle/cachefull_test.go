@@ -1,0 +1,238 @@
+package bundle
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/objectstore"
+)
+
+// putConsts stores a bundle whose constants are consts.
+func putConsts(t *testing.T, store objectstore.Store, consts []byte) string {
+	t.Helper()
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, abi.ManifestFile), manifestJSON(t, "w.bin"), 0o644)
+	os.WriteFile(filepath.Join(dir, "lib.so"), []byte("\x7fELF"), 0o644)
+	os.WriteFile(filepath.Join(dir, "w.bin"), consts, 0o644)
+	b, sha, _, err := PackBytes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Put(context.Background(), ObjectKey(sha), bytes.NewReader(b), int64(len(b))); err != nil {
+		t.Fatal(err)
+	}
+	return sha
+}
+
+// countingStore counts the stats and gets of bundles: a get is a download.
+type countingStore struct {
+	objectstore.Store
+	stats, gets atomic.Int32
+}
+
+func (s *countingStore) Stat(ctx context.Context, key string) (objectstore.Info, error) {
+	s.stats.Add(1)
+	return s.Store.Stat(ctx, key)
+}
+
+func (s *countingStore) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	s.gets.Add(1)
+	return s.Store.Get(ctx, key)
+}
+
+// smallDisk mounts a tmpfs of size bytes for the test, unmounted at its
+// end: a disk the test can fill without filling the machine's.
+func smallDisk(t *testing.T, size int64) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small tmpfs needs root")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
+		t.Skipf("cannot mount a tmpfs here: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) }) // before t.TempDir's removal: cleanups run last first
+	return dir
+}
+
+// fill leaves about leave bytes free on dir's disk, with a file it
+// returns the path of.
+func fill(t *testing.T, dir string, leave int64) string {
+	t.Helper()
+	free, _, ok := diskFree(dir)
+	if !ok || int64(free) < leave {
+		t.Fatalf("the disk has %d free (%v), less than the %d to leave", free, ok, leave)
+	}
+	p := filepath.Join(dir, "filler")
+	if err := os.WriteFile(p, make([]byte, int64(free)-leave), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func random(t *testing.T, n int) []byte {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// A cold fetch on a disk without room for the bundle is refused before it
+// writes (M2): its archive's room is claimed first, so nothing is
+// downloaded and the disk is not filled under the node's other writers.
+// Where the archive fits and its files do not, the next fetches within
+// the back-off are answered at once, without downloading it again, until
+// the back-off ends or the disk has the room; then the bundle is fetched.
+func TestAColdFetchOnAFullDiskWritesNothingAndBacksOff(t *testing.T) {
+	const size = 3 << 20
+	for _, tc := range []struct {
+		name   string
+		consts []byte
+		stage  string
+		gets   [3]int32 // downloads after each of three fetches on the full disk
+	}{
+		{"the archive has no room", random(t, size), "fetching", [3]int32{0, 0, 0}},
+		{"its files have no room", make([]byte, size), "unpacking", [3]int32{1, 1, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			disk := smallDisk(t, 8<<20)
+			fs, err := objectstore.NewFS(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			store := &countingStore{Store: fs}
+			sha := putConsts(t, store, tc.consts)
+			c, err := NewCache(filepath.Join(disk, "cache"), 0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := time.Now()
+			c.now = func() time.Time { return now }
+			filler := fill(t, disk, 3<<19)
+			for i, want := range tc.gets {
+				if i == 2 {
+					now = now.Add(fullBackoff + time.Second)
+				}
+				err := cacheGet(c, store, sha)
+				var se *StageError
+				if !errors.Is(err, syscall.ENOSPC) || !errors.As(err, &se) || se.Stage != tc.stage {
+					t.Fatalf("fetch %d on the full disk: %v, want ENOSPC at %s", i+1, err, tc.stage)
+				}
+				if n := store.gets.Load(); n != want {
+					t.Errorf("after fetch %d on the full disk: %d downloads, want %d", i+1, n, want)
+				}
+				if left, _ := os.ReadDir(c.Dir()); len(left) > 0 {
+					t.Errorf("fetch %d left %s in the cache", i+1, left[0].Name())
+				}
+			}
+			os.Remove(filler)
+			if err := cacheGet(c, store, sha); err != nil { // within the back-off: the room is there
+				t.Fatalf("with room again: %v", err)
+			}
+		})
+	}
+}
+
+// A cold start on a full disk evicts bundles not in use, least recently
+// used first, for its room, and the repair of a damaged entry removes the
+// damaged copy first, where a cache within its limit (--cache-limit is
+// 10 GiB by default, whatever the disk) evicted nothing and every cold
+// start failed for good (M3), and a repair failed its first request (L2).
+// Bundles in use stay, and the cold start fails, 507.
+func TestAFullDiskMakesRoomForAColdStart(t *testing.T) {
+	const size = 3 << 20
+	for _, tc := range []struct {
+		name           string
+		held, released []int // of a, b, c: taken before the disk fills, and let go
+		damage         bool  // c's w.bin rewritten with a wrong byte before it fills
+		full           bool  // c's fetch fails for a full disk
+		gone, kept     []int
+	}{
+		{name: "bundles not in use", held: []int{0, 1}, released: []int{0, 1}, gone: []int{0}, kept: []int{1, 2}},
+		{name: "bundles in use", held: []int{0, 1}, full: true, gone: []int{2}, kept: []int{0, 1}},
+		{name: "a damaged copy of the bundle", held: []int{2}, released: []int{2}, damage: true, kept: []int{2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			disk := smallDisk(t, 16<<20)
+			store, err := objectstore.NewFS(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			shas := []string{putBundle(t, store, 1, size), putBundle(t, store, 2, size), putBundle(t, store, 3, size)}
+			c, err := NewCache(filepath.Join(disk, "cache"), 0, 1<<40)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var repaired atomic.Int32
+			c.OnRepair = func(string, error) { repaired.Add(1) }
+			ctx := context.Background()
+			for _, i := range tc.held {
+				if _, _, _, err := c.Get(ctx, store, shas[i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, i := range tc.released {
+				c.Release(shas[i])
+			}
+			if tc.damage {
+				f, err := os.OpenFile(filepath.Join(c.Dir(), shas[2], "w.bin"), os.O_WRONLY, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				f.WriteAt([]byte{9}, size/2)
+				f.Close()
+			}
+			fill(t, disk, 3<<19)
+			_, _, _, err = c.Get(ctx, store, shas[2])
+			if tc.full != errors.Is(err, syscall.ENOSPC) || (!tc.full && err != nil) {
+				t.Fatalf("the cold start: %v, want a full disk %v", err, tc.full)
+			}
+			has := func(i int) bool { _, err := os.Stat(filepath.Join(c.Dir(), shas[i])); return err == nil }
+			for _, i := range tc.gone {
+				if has(i) {
+					t.Errorf("bundle %c is still cached", 'a'+i)
+				}
+			}
+			for _, i := range tc.kept {
+				if !has(i) {
+					t.Errorf("bundle %c is not cached", 'a'+i)
+				}
+			}
+			if !tc.full {
+				if b, _ := os.ReadFile(filepath.Join(c.Dir(), shas[2], "w.bin")); !bytes.Equal(b, bytes.Repeat([]byte{3}, size)) {
+					t.Error("c's constants are not the bundle's")
+				}
+			}
+			if n, want := repaired.Load(), map[bool]int32{true: 1}[tc.damage]; n != want {
+				t.Errorf("%d repairs, want %d", n, want)
+			}
+			if aside, _ := filepath.Glob(filepath.Join(c.Dir(), ".*")); len(aside) > 0 {
+				t.Errorf("left in the cache: %v", aside)
+			}
+		})
+	}
+}
+
+// The error of a claim that found no room names the file and what was
+// free, and is ENOSPC.
+func TestRoomsRefusalSaysWhy(t *testing.T) {
+	err := error(&noRoomError{path: "/c/.fetch-1", size: 10, free: 4, others: 1})
+	if !errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), "/c/.fetch-1: 10 bytes, and its disk has 4 free, 1 of them") {
+		t.Fatalf("%v", err)
+	}
+}
