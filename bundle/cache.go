@@ -404,7 +404,8 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 		c.Release(sha)
 		if c.holders(sha) > 0 {
 			// A loaded version still uses these files: they cannot be
-			// replaced under it. It is repaired once that version unloads.
+			// replaced under it. It is repaired once that version unloads,
+			// or loads a program from them again (Recheck).
 			return "", nil, false, fmt.Errorf("cached bundle %s is damaged (%v) and still in use by a loaded version: %w", sha, err, ErrDamagedInUse)
 		}
 		aside = append(aside, c.discard(sha, dir)...)
@@ -419,6 +420,61 @@ func (c *Cache) Get(ctx context.Context, store objectstore.Store, sha string) (d
 	c.use(sha, dir, size)
 	c.keep(sha, st)
 	return dir, m, true, nil
+}
+
+// Recheck checks the files of bundle sha, which the caller holds (Get),
+// before a program is loaded from them again (a worker restarted after a
+// crash): the disk may have damaged them since Get checked them, and a
+// damaged library or constants, loaded as they are, were refused as the
+// bundle's fault (422) or ran on wrong weights, for as long as the
+// version stayed loaded. Checked as Get checks them (a few lstats while
+// their stamps hold); damaged, they are fetched again from store into
+// their place, while the entry stays, with its holders: they Release it
+// as they unload (discarded, a new entry would count their releases), and
+// the programs they loaded keep the files they opened (a worker's stage
+// links its own names to them). An error leaves the entry without its
+// files, fetched again at the next Recheck or, once no one holds it, the
+// next Get.
+func (c *Cache) Recheck(ctx context.Context, store objectstore.Store, sha string) error {
+	unlock, err := c.lock(ctx, sha)
+	if err != nil {
+		return &FetchError{Err: fmt.Errorf("waiting for another request's work on bundle %s: %w", sha, err)}
+	}
+	var aside []string // removed once sha's lock is let go
+	defer func() {
+		unlock()
+		c.removeAll(aside)
+	}()
+	if c.holders(sha) == 0 {
+		return fmt.Errorf("bundle cache: a recheck of bundle %s, which no one holds", sha)
+	}
+	dir := filepath.Join(c.dir, sha)
+	damage := c.check(sha, dir)
+	if damage == nil {
+		return nil
+	}
+	if c.OnRepair != nil {
+		c.OnRepair(sha, damage)
+	}
+	gone := c.asideName(sha)
+	switch err := os.Rename(dir, gone); {
+	case err == nil:
+		aside = append(aside, gone)
+	case !errors.Is(err, fs.ErrNotExist): // gone already: a fetch before this one failed
+		return fmt.Errorf("bundle cache: setting aside damaged bundle %s (%v): %w", sha, damage, err)
+	}
+	_, st, size, err := c.fetch(ctx, store, sha, dir, &aside)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	if e, ok := c.entries[sha]; ok { // held: neither evicted nor discarded
+		c.total += size - e.size
+		e.size, e.verified, e.lastUsed = size, st, time.Now()
+	}
+	aside = append(aside, c.evictLocked()...)
+	c.mu.Unlock()
+	return nil
 }
 
 // check reports why sha's files in dir are no longer what was unpacked,

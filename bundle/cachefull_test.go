@@ -228,6 +228,86 @@ func TestAFullDiskMakesRoomForAColdStart(t *testing.T) {
 	}
 }
 
+// A program loaded again from a bundle its version holds (a worker
+// restarted after a crash) has the bundle's files checked again first
+// (Recheck; M1): damaged since Get, they are fetched again into their
+// place under the holders, whose entry stays theirs to release; a store
+// that fails the fetch leaves the entry to the next Recheck. Files as
+// they were cost no download.
+func TestRecheckFetchesADamagedBundleAgainUnderItsHolders(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		damage    func(dir string) error
+		storeDown bool // the first Recheck's fetch fails
+		gets      int32
+	}{
+		{"untouched", func(string) error { return nil }, false, 0},
+		{"touched, same bytes", func(dir string) error {
+			now := time.Now()
+			return os.Chtimes(filepath.Join(dir, "w.bin"), now, now)
+		}, false, 0},
+		{"library truncated", func(dir string) error { return os.Truncate(filepath.Join(dir, "lib.so"), 2) }, false, 1},
+		{"a constant's byte changed", func(dir string) error {
+			f, err := os.OpenFile(filepath.Join(dir, "w.bin"), os.O_WRONLY, 0)
+			if err == nil {
+				_, err = f.WriteAt([]byte{8}, 100)
+				f.Close()
+			}
+			return err
+		}, false, 1},
+		{"the entry's directory gone", os.RemoveAll, false, 1},
+		{"the store down", func(dir string) error { return os.Truncate(filepath.Join(dir, "w.bin"), 10) }, true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			fs, sha, c := storedBundle(t)
+			store := &countingStore{Store: fs}
+			dir, _, _, err := c.Get(ctx, store, sha) // a loaded version holds it
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, _ := os.ReadFile(filepath.Join(dir, "w.bin"))
+			store.gets.Store(0)
+			if err := tc.damage(dir); err != nil {
+				t.Fatal(err)
+			}
+			if tc.storeDown {
+				var fe *FetchError
+				if err := c.Recheck(ctx, failingStore{store}, sha); !errors.As(err, &fe) {
+					t.Fatalf("a recheck whose fetch the store broke: %v, want a FetchError", err)
+				}
+			}
+			if err := c.Recheck(ctx, store, sha); err != nil {
+				t.Fatalf("recheck: %v", err)
+			}
+			if n := store.gets.Load(); n != tc.gets {
+				t.Errorf("%d downloads, want %d", n, tc.gets)
+			}
+			if got, _ := os.ReadFile(filepath.Join(dir, "w.bin")); !bytes.Equal(got, want) {
+				t.Error("the constants are not the bundle's")
+			}
+			if lib, _ := os.ReadFile(filepath.Join(dir, "lib.so")); string(lib) != "\x7fELF" {
+				t.Errorf("the library is %q", lib)
+			}
+			if _, _, _, err := c.Get(ctx, store, sha); err != nil { // another version of the bundle
+				t.Fatalf("a Get after the recheck: %v", err)
+			}
+			size, _, _ := dirSize(dir)
+			if st := c.Stats(); st.Bundles != 1 || st.InUse != 1 || st.Bytes != size {
+				t.Errorf("the cache counts %+v, want the bundle, %d bytes, in use", st, size)
+			}
+			c.Release(sha)
+			c.Release(sha)
+			if st := c.Stats(); st.InUse != 0 {
+				t.Errorf("held by %d once both holders let go", st.InUse)
+			}
+			if aside, _ := filepath.Glob(filepath.Join(c.Dir(), ".*")); len(aside) > 0 {
+				t.Errorf("left in the cache: %v", aside)
+			}
+		})
+	}
+}
+
 // The error of a claim that found no room names the file and what was
 // free, and is ENOSPC.
 func TestRoomsRefusalSaysWhy(t *testing.T) {

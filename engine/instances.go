@@ -257,6 +257,17 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 	if rf := v.refused.Load(); rf != nil {
 		return nil, call.Cold, rf
 	}
+	// The bundle was checked when the version was prepared, maybe long
+	// before this load (its worker restarted after a crash): its files are
+	// checked again, a damaged copy fetched again. Loaded as it was, a
+	// truncated library was refused as the bundle's fault, for good.
+	if err := e.cfg.Cache.Recheck(ctx, e.cfg.Store, v.rec.SHA256); err != nil {
+		rf, err := e.prepareFailed(ctx, v, err)
+		if rf != nil {
+			v.refused.Store(rf)
+		}
+		return nil, call.Cold, err
+	}
 	t0 := time.Now()
 	m := v.manifest
 	budget := v.constSize + int64(v.policy.max)*instanceBytes(m)
