@@ -20,6 +20,11 @@ const (
 	MaxChainLength = 64
 	MaxGrid        = 1<<31 - 1
 	MaxBlock       = 1024
+	// MaxInstances bounds min_instances and max_instances (plover serve's
+	// --worker-max-pids may bound them lower: each instance in a worker
+	// holds one of its threads); MaxQueue bounds max_queue.
+	MaxInstances = 1024
+	MaxQueue     = 1 << 20
 )
 
 // Manifest is plover.json: what to load and what to run for each request.
@@ -548,14 +553,14 @@ func (m *Manifest) validate(missing func(field string) bool) error {
 		return &FieldError{"out_bytes", fmt.Sprintf("%d must be in 1..%d", m.OutBytes, MaxBufferBytes)}
 	case m.ZeroTmp && m.TmpBytes == 0:
 		return &FieldError{"zero_tmp", "is set but tmp_bytes is 0"}
-	case m.MaxInstances < 0 || m.MaxInstances > 1024:
-		return &FieldError{"max_instances", fmt.Sprintf("%d must be in 0..1024", m.MaxInstances)}
-	case m.MinInstances < 0 || m.MinInstances > 1024:
-		return &FieldError{"min_instances", fmt.Sprintf("%d must be in 0..1024", m.MinInstances)}
+	case m.MaxInstances < 0 || m.MaxInstances > MaxInstances:
+		return &FieldError{"max_instances", fmt.Sprintf("%d must be in 0..%d", m.MaxInstances, MaxInstances)}
+	case m.MinInstances < 0 || m.MinInstances > MaxInstances:
+		return &FieldError{"min_instances", fmt.Sprintf("%d must be in 0..%d", m.MinInstances, MaxInstances)}
 	case m.MaxInstances > 0 && m.MinInstances > m.MaxInstances:
 		return &FieldError{"min_instances", fmt.Sprintf("%d is over max_instances %d", m.MinInstances, m.MaxInstances)}
-	case m.MaxQueue < 0 || m.MaxQueue > 1<<20:
-		return &FieldError{"max_queue", fmt.Sprintf("%d must be in 0..%d", m.MaxQueue, 1<<20)}
+	case m.MaxQueue < 0 || m.MaxQueue > MaxQueue:
+		return &FieldError{"max_queue", fmt.Sprintf("%d must be in 0..%d", m.MaxQueue, MaxQueue)}
 	case m.GPUShare < 0 || m.GPUShare > 100:
 		return &FieldError{"gpu_share", fmt.Sprintf("%d must be in 1..100 (or 0: no limit)", m.GPUShare)}
 	case m.Share != 0 && !(m.Share >= 0.01 && m.Share <= 1000):

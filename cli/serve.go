@@ -134,10 +134,10 @@ func serveCmd() *command {
 			fs.StringVar(&f.isolation, "isolation", "process", "where functions run: process (a worker process per function version) | none (in the server: one trusted tenant)")
 			fs.StringVar(&f.memoryGroups, "memory-groups", "auto", "a memory cgroup per worker process (--isolation process), backing max_host_memory_mb over its whole process tree where cgroups can be written: auto (the host device's workers only: what a CUDA worker's driver memory adds to its group is not yet measured, and a false kill of a GPU function is worse than the gap) | on (every worker's, CUDA's too: for a GPU run to compare) | off (none: each worker's own resident memory alone is checked)")
 			fs.StringVar(&f.workerScope, "worker-scope", "function", "which functions share a worker process (--isolation process): function (each function version a worker of its own) | tenant (a tenant's functions, those one token deployed, share one worker per device, a load into it being no process start; never two tenants in one; not with MPS)")
-			fs.IntVar(&f.standby, "standby-workers", -1, "idle worker processes kept started per device, device open, for fast cold starts (--isolation process); -1: 8 on the host device (about 2 MiB each), 1 on a GPU (each holds a CUDA context); 0: none")
-			fs.IntVar(&f.standbyMax, "standby-max", 0, "the most idle workers the pool grows to per device while cold starts come in bursts: as many as loads took in the busiest second of the last minute (0: 16 on the host device, 4 on a GPU; none when --standby-workers is 0)")
+			fs.IntVar(&f.standby, "standby-workers", -1, "idle worker processes kept started per device, device open, for fast cold starts (--isolation process); -1: 8 on the host device (about 2 MiB each), 1 on a GPU (each holds a CUDA context); 0: none; at most 256")
+			fs.IntVar(&f.standbyMax, "standby-max", 0, "the most idle workers the pool grows to per device while cold starts come in bursts: as many as loads took in the busiest second of the last minute (0: 16 on the host device, 4 on a GPU; none when --standby-workers is 0; at most 256)")
 			fs.Int64Var(&f.workerMaxMemMB, "worker-max-memory", 0, "resident memory in MiB a worker may hold when its manifest sets no max_host_memory_mb, the server's request slots it maps not counted; past it the worker is killed (0: no limit)")
-			fs.IntVar(&f.workerMaxPids, "worker-max-pids", defaultWorkerMaxPids, "processes and threads a worker and all it starts may have at once (--isolation process); past it their fork and thread creation fail, and the server and other functions are untouched: a pids cgroup per worker where cgroups can be written, else RLIMIT_NPROC, which bounds all workers of one uid together (0: no bound)")
+			fs.IntVar(&f.workerMaxPids, "worker-max-pids", defaultWorkerMaxPids, "processes and threads a worker and all it starts may have at once (--isolation process); past it their fork and thread creation fail, and the server and other functions are untouched: a pids cgroup per worker where cgroups can be written, else RLIMIT_NPROC, which bounds all workers of one uid together (0: no bound; at most 4194304). Each instance holds a thread of its worker: a function may have this less the worker's own threads (one per CPU, and 16)")
 			fs.Int64Var(&f.maxPinnedMB, "max-pinned-memory", 2048, "host memory in MiB a GPU's request slots may keep pinned (page-locked whole for their worker's life, whatever a request touches); past it no more pool slots are made and a body is read into ordinary memory, then copied into its instance's own slot (0: no bound)")
 			fs.BoolVar(&f.hostDevice, "host-device", true, "with GPUs, also open the host device, so host-target bundles (a pipeline's CPU steps) run beside cuda ones; each bundle runs on the device its manifest's target names")
 			fs.BoolVar(&f.mps, "mps", false, "CUDA: start each function's worker with its MPS limits (gpu_share, its memory budget); on by itself when an MPS control daemon runs")
@@ -146,15 +146,15 @@ func serveCmd() *command {
 			fs.StringVar(&f.store, "store", "", "object store URL: file:///path or s3://bucket[/prefix] (default file://DATA/store)")
 			s3Flags(fs, &f.s3)
 			fs.IntVar(&f.minInstances, "min-instances", 0, "instances kept warm per function when its manifest sets no min_instances (at most the function's max_instances, else --max-instances)")
-			fs.IntVar(&f.maxInstances, "max-instances", 8, "instances per function when its manifest sets no max_instances (more than --device-runs, so a function keeps runs queued for the device scheduler)")
-			fs.IntVar(&f.maxQueue, "max-queue", 64, "requests waiting per function when its manifest sets no max_queue; more get 429")
-			fs.DurationVar(&f.idleTTL, "idle-ttl", 5*time.Minute, "release an instance idle this long; unload a function with none left (manifest idle_ttl overrides; negative: never; 0 is refused)")
+			fs.IntVar(&f.maxInstances, "max-instances", 8, "instances per function when its manifest sets no max_instances (more than --device-runs, so a function keeps runs queued for the device scheduler); at most 1024, and what one worker holds under --worker-max-pids")
+			fs.IntVar(&f.maxQueue, "max-queue", 64, "requests waiting per function when its manifest sets no max_queue; more get 429 (at most 1048576)")
+			fs.DurationVar(&f.idleTTL, "idle-ttl", 5*time.Minute, "release an instance idle this long; unload a function with none left (manifest idle_ttl overrides; negative: never; under 10ms is refused)")
 			fs.DurationVar(&f.timeout, "timeout", defaultTimeout, "request deadline (queue + run) when the client asks for none (X-Plover-Timeout-Ms, timeout_ms, a gRPC deadline)")
 			fs.DurationVar(&f.maxTimeout, "max-timeout", defaultMaxTimeout, "the longest deadline a client may ask for: a longer one is cut to it (at least --timeout)")
 			fs.IntVar(&f.maxBodyMB, "max-body", 256, "largest request body in MiB (inputs and bundles)")
 			fs.Int64Var(&f.memLimitMB, "memory-limit", 0, "device memory budget in MiB (0: the device's memory; on the host device its RAM or 7/8 of the server's cgroup memory limit, whichever is less)")
 			fs.Int64Var(&f.cacheMB, "cache-limit", 10240, "node bundle cache size in MiB; bundles not in use are evicted LRU (0: no limit)")
-			fs.DurationVar(&f.poll, "poll", 2*time.Second, "how often to re-read function records for deploys and rollbacks made elsewhere (0: never)")
+			fs.DurationVar(&f.poll, "poll", 2*time.Second, "how often to re-read function records for deploys and rollbacks made elsewhere (0: never; else at least 100ms)")
 			fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM/SIGINT, how long in-flight and queued requests may finish; then those not yet running are refused (503), the rest cut (0: at once)")
 			fs.DurationVar(&f.readTimeout, "read-timeout", 60*time.Second, "how long a client may take to send a request: HTTP headers and body (408 past it), a gRPC connection's handshake (closed past it) and a call's message after its headers (the call is cancelled)")
 			fs.DurationVar(&f.writeTimeout, "write-timeout", 60*time.Second, "how long an answer may take to be written once made: an HTTP response, and a gRPC answer written from its function's slot (the connection is closed past it)")
@@ -166,7 +166,7 @@ func serveCmd() *command {
 			fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
 			fs.StringVar(&f.grpcListen, "grpc-listen", "", "also serve the Open Inference Protocol over gRPC (inference.GRPCInferenceService) on this address (8001 is the usual port); same tokens, TLS, connection cap and metrics as --listen (off by default)")
 			fs.StringVar(&f.metricsListen, "metrics-listen", "", "also serve GET /metrics, without authentication, on this address (for a scraper on a private network)")
-			fs.IntVar(&f.maxConns, "max-conns", 0, "open connections at most; more are closed at once (0: derived from the descriptor limit)")
+			fs.IntVar(&f.maxConns, "max-conns", 0, "open connections at most; more are closed at once (0: derived from the descriptor limit; at most that limit less 1024)")
 			fs.IntVar(&f.maxConnsPerClient, "max-conns-per-client", 0, "open connections at most from one client address, so one client cannot hold every slot (0: half of --max-conns; behind a proxy, every connection is the proxy's: raise it)")
 			fs.Int64Var(&f.maxBodyMemMB, "max-body-memory", 1024, "MiB of request bodies (and gRPC inference messages) held in memory at once; past it requests wait up to 5 s, then get 503 (0: no limit)")
 			fs.Int64Var(&f.maxSpoolMB, "max-spool", 0, "MiB of deploys' uploads on the node's disk at once (DATA/spool), taken as they arrive, a token's at most all but --max-body (several together may hold all of it): an upload past it waits up to --timeout, then gets 503; at least --max-body (0: 4 times --max-body, at least 1024)")
@@ -178,7 +178,7 @@ func serveCmd() *command {
 			fs.Float64Var(&f.lightBoost, "light-boost", worker.LightBoost, "with --cpu-weights, a worker that used under half its weight's part of the CPUs in the last 250 ms runs at this many times its weight until it uses three quarters of it, so that a light function's runs beside a flood start at once rather than after the flood's slices; 1: off")
 			fs.DurationVar(&f.lightSlice, "light-slice", worker.LightSlice, "with --cpu-weights by nice levels and the light boost, on Linux 6.12 or later: a boosted worker's threads and the server's run with this EEVDF slice (the kernel's default is 0.7 ms times 1 + log2 of the CPUs, at most 8), so that a light function's wakeups beside a flood run at once rather than after a flood's thread ends its slice; 0: off (100us to 100ms, and shorter than the kernel's default: the log at start says where it is not in force)")
 			fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the cgroup hierarchy is mounted (for --cpu-weights, --worker-max-pids and the workers' memory groups)")
-			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: twice the host device's CPUs, or 4 per GPU)")
+			fs.IntVar(&f.deviceRuns, "device-runs", 0, "runs on a device at once, the rest queue in the server (0: twice the host device's CPUs, or 4 per GPU; at most 4096)")
 			fs.DurationVar(&f.reserveHold, "reserve-hold", sched.DefaultRecent, "how long after a light function's last run (one at a time) the slots kept for light functions stay kept from floods, on every device and in the server's I/O; a function called less often finds the floods in every slot (shorter: floods lose less after a light function's last request)")
 			fs.IntVar(&f.sharedRuns, "shared-runs", 0, "while two or more functions want a device, the runs floods may have on it together (on every device; a light function's runs in its kept slots not counted), the rest queued in the order of their shares: on the host device, runs past its CPUs are split by the OS, not by share (0: the host device's CPUs and one; every run on a GPU)")
 			fs.IntVar(&f.floodRuns, "flood-runs", 0, "while a light function (one request at a time) is about, the runs other functions may have on a device together, below --device-runs less the slots kept for light ones: on a GPU, whose copies and kernels in flight are not preempted, a light run waits behind each (0: all but the kept slots)")
@@ -187,7 +187,7 @@ func serveCmd() *command {
 			fs.IntVar(&f.ioSlots, "io-slots", 0, "pieces of functions' bytes the server reads or writes at once (256 KiB each), the rest waiting in their clients' sockets for their functions' turns, one kept for light functions (none with --sched fair-no-reserve; 0: the CPUs; --sched off moves bytes as they come)")
 			fs.StringVar(&f.repository, "repository", "", "serve the model repository DIR (Triton's --model-repository, KServe's /mnt/models): DIR/NAME/ is a bundle directory or holds version folders DIR/NAME/1/, DIR/NAME/2/ (the highest current), or DIR is one bundle; each is deployed as plover deploy would, and /v2/repository/index, load and unload serve it")
 			fs.StringVar(&f.repositoryName, "repository-name", "", "when --repository is one bundle directory, the function's name (KServe's model name); default: its manifest's")
-			fs.DurationVar(&f.repositoryPoll, "repository-poll", 0, "scan --repository again this often: a new version folder becomes current, a changed bundle is redeployed, a removed folder's function is removed (0: at start, and again only while a folder settles or a deploy or delete is retried, or when an index sees an unloaded model loaded on another node; each scan acts on every folder)")
+			fs.DurationVar(&f.repositoryPoll, "repository-poll", 0, "scan --repository again this often (at least 100ms): a new version folder becomes current, a changed bundle is redeployed, a removed folder's function is removed (0: at start, and again only while a folder settles or a deploy or delete is retried, or when an index sees an unloaded model loaded on another node; each scan acts on every folder)")
 			fs.DurationVar(&f.repositorySettle, "repository-settle", 2*time.Second, "a --repository folder loads once none of its files changed for this long (and, with --repository-poll, two scans saw it the same): a folder being copied is never loaded half-copied")
 			fs.StringVar(&f.logFormat, "log-format", "text", "log format: text | json")
 			fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug | info | warn | error")
@@ -435,9 +435,14 @@ func openNode(ctx context.Context, f *serveFlags, sc engine.SchedConfig, evictor
 	}
 	ioShares(f, n.cpu, &sc.IO, log)
 	maxBundle := int64(f.maxBodyMB) << 20
+	bound, why := workerInstances(f)
+	if why != "" {
+		why = "plover serve " + why
+	}
 	n.eng, err = engine.New(engine.Config{
 		Store: n.store, Cache: cache, Devices: n.devs,
 		MinInstances: f.minInstances, MaxInstances: f.maxInstances, MaxQueue: f.maxQueue, IdleTTL: f.idleTTL,
+		WorkerInstances: bound, WorkerInstancesWhy: why,
 		Timeout: f.timeout, MaxTimeout: f.maxTimeout, MaxBundleBytes: maxBundle, Log: log, SpoolDir: spool, Sched: sc, Evictor: evictor,
 		SpoolBytes:   spoolBudget(f.maxSpoolMB, maxBundle),
 		NamedTenants: f.authFile != "",
@@ -633,8 +638,8 @@ func (t *transports) startGRPC(ctx context.Context, f *serveFlags, front *frontD
 // mean nothing.
 func repositoryFlags(f *serveFlags) error {
 	switch {
-	case f.repositoryPoll < 0:
-		return fmt.Errorf("--repository-poll %v: a period of 0 (scan once) or more", f.repositoryPoll)
+	case f.repositoryPoll < 0 || f.repositoryPoll > 0 && f.repositoryPoll < leastPoll:
+		return fmt.Errorf("--repository-poll %v: a period of 0 (scan once) or %v or more: each scan reads every folder", f.repositoryPoll, leastPoll)
 	case f.repositorySettle <= 0:
 		return fmt.Errorf("--repository-settle %v: a folder must be still for some time before it loads", f.repositorySettle)
 	case f.repository != "":

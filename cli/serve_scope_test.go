@@ -8,12 +8,14 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/plover-run/plover/api"
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/worker"
 )
 
 // --worker-scope takes function or tenant, and tenant only where there are
@@ -33,6 +35,16 @@ func TestServeWorkerFlagRefusals(t *testing.T) {
 		{"tenant without workers", []string{"--worker-scope", "tenant", "--isolation", "none"}, "--worker-scope tenant: --isolation none"},
 		{"negative pids bound", []string{"--worker-max-pids", "-1"}, "--worker-max-pids -1: want 0 (no bound) or at least 32"},
 		{"pids bound below a worker's own", []string{"--worker-max-pids", "8"}, "--worker-max-pids 8: want 0 (no bound) or at least 32"},
+		// Past the kernel's PID_MAX_LIMIT, pids.max refused the bound and
+		// workers ran unbounded.
+		{"pids bound past the kernel's", []string{"--worker-max-pids", "4194305"}, "--worker-max-pids 4194305: want at most 4194304, the kernel's PID_MAX_LIMIT"},
+		{"standby workers past the bound", []string{"--standby-workers", "257"}, "--standby-workers 257: want at most 256"},
+		{"standby ceiling past the bound", []string{"--standby-max", "100000"}, "--standby-max 100000: want at most 256"},
+		// A run's time times the device's runs overflowed the scheduler's
+		// charges: host runs were charged about nothing.
+		{"device runs past the bound", []string{"--device-runs", "4611686018427387904"}, "--device-runs 4611686018427387904: want at most 4096"},
+		// Past the open-file limit the connection guard protected nothing.
+		{"connections past the descriptors", []string{"--max-conns", "9223372036854775807"}, "--max-conns 9223372036854775807: want 0 (derived) or at most"},
 		// Sizes in MiB: --max-body -1 was taken as fasthttp's default, and
 		// a size past 2^43 MiB wrapped in bytes (a negative one: no limit).
 		{"no body at all", []string{"--max-body", "0"}, "--max-body 0: want 1 to 8796093022207 MiB"},
@@ -98,18 +110,80 @@ func TestServePoolFlagRefusals(t *testing.T) {
 		{"no queue", []string{"--max-queue", "0"}, "--max-queue 0: want 1 or more"},
 		{"negative queue", []string{"--max-queue", "-5"}, "--max-queue -5: want 1 or more"},
 		{"negative warm instances", []string{"--min-instances", "-1"}, "--min-instances -1: want 0 (none kept warm) or more"},
-		{"idle ttl 0", []string{"--idle-ttl", "0"}, "--idle-ttl 0s: want a positive duration, or a negative one to never release idle instances"},
+		{"idle ttl 0", []string{"--idle-ttl", "0"}, "--idle-ttl 0s: want 10ms or more, or a negative duration to never release idle instances"},
+		// A reap period of a quarter of it, and no shorter: 3 ns gave 0,
+		// which panicked once the server was serving.
+		{"idle ttl under the least", []string{"--idle-ttl", "3ns"}, "--idle-ttl 3ns: want 10ms or more"},
+		{"idle ttl just under the least", []string{"--idle-ttl", "9ms"}, "--idle-ttl 9ms: want 10ms or more"},
+		// Polls that kept a core busy re-reading.
+		{"poll of 1ns", []string{"--poll", "1ns"}, "--poll 1ns: want 0 (never re-read) or 100ms or more"},
+		{"poll under the least", []string{"--poll", "99ms"}, "--poll 99ms: want 0 (never re-read) or 100ms or more"},
 		{"negative poll", []string{"--poll", "-5s"}, "--poll -5s: want 0 (never re-read) or a positive duration"},
 		{"negative grace", []string{"--grace", "-1s"}, "--grace -1s: want 0 (cut requests in flight at once) or a positive duration"},
 	} {
 		t.Run(tt.name, func(t *testing.T) { serveRefuses(t, tt.args, tt.want) })
 	}
 	ok := serveFlags{minInstances: 10, maxInstances: 8, maxQueue: 1, timeout: time.Nanosecond, maxTimeout: time.Nanosecond, readTimeout: time.Second, writeTimeout: time.Second}
-	for _, ttl := range []time.Duration{-time.Nanosecond, time.Nanosecond} {
+	for _, ttl := range []time.Duration{-time.Nanosecond, leastIdleTTL} {
 		f := ok
 		f.idleTTL = ttl
 		if err := checkPoolFlags(&f, &Env{Stderr: io.Discard}); err != nil {
 			t.Errorf("--idle-ttl %v, --min-instances over --max-instances: %v", ttl, err)
+		}
+	}
+}
+
+// Each instance holds a thread of its worker: past --worker-max-pids, less
+// the worker's own threads, the Go runtime aborted the worker (and every
+// function in it) each time it made them. --min-instances and
+// --max-instances past that, or past a manifest's 1024 where workers are
+// unbounded or absent, and --max-queue past a manifest's bound, are
+// usage errors; what is within passes.
+func TestServeInstanceFlagBounds(t *testing.T) {
+	own := worker.OwnThreads()
+	room := defaultWorkerMaxPids - own
+	bound := fmt.Sprintf("want 1 to %d (the instances one worker may hold: --worker-max-pids %d, less up to %d threads of the worker's own)", room, defaultWorkerMaxPids, own)
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"max past a worker's room", []string{"--max-instances", "3000"}, "--max-instances 3000: " + bound},
+		{"max just past a worker's room", []string{"--max-instances", strconv.Itoa(room + 1)}, "--max-instances " + strconv.Itoa(room+1) + ": " + bound},
+		{"min past a worker's room", []string{"--min-instances", "3000"}, "--min-instances 3000: want 0 to " + strconv.Itoa(room)},
+		{"max past a manifest's without workers", []string{"--isolation", "none", "--max-instances", "1025"}, "--max-instances 1025: want 1 to 1024 (a manifest's bound)"},
+		{"max past a manifest's with workers unbounded", []string{"--worker-max-pids", "0", "--max-instances", "1025"}, "--max-instances 1025: want 1 to 1024 (a manifest's bound)"},
+		{"queue past a manifest's", []string{"--max-queue", "9223372036854775807"}, "--max-queue 9223372036854775807: want 1 to 1048576"},
+	} {
+		t.Run(tt.name, func(t *testing.T) { serveRefuses(t, tt.args, tt.want) })
+	}
+	for _, f := range []serveFlags{
+		{isolation: "process", workerMaxPids: defaultWorkerMaxPids, minInstances: room, maxInstances: room, maxQueue: 1 << 20},
+		{isolation: "none", workerMaxPids: defaultWorkerMaxPids, minInstances: 1024, maxInstances: 1024, maxQueue: 1},
+		{isolation: "process", minInstances: 1024, maxInstances: 1024, maxQueue: 1},
+	} {
+		if err := checkInstanceFlags(&f); err != nil {
+			t.Errorf("%+v: %v", f, err)
+		}
+	}
+}
+
+// --repository-poll under 100 ms kept a core busy rescanning: refused,
+// as a negative one is; 0 and 100 ms pass.
+func TestRepositoryPollBound(t *testing.T) {
+	for _, tc := range []struct {
+		poll time.Duration
+		want string // "": passes
+	}{
+		{time.Nanosecond, "--repository-poll 1ns: a period of 0 (scan once) or 100ms or more"},
+		{99 * time.Millisecond, "--repository-poll 99ms: a period of 0 (scan once) or 100ms or more"},
+		{-time.Second, "--repository-poll -1s: a period of 0 (scan once) or 100ms or more"},
+		{0, ""},
+		{leastPoll, ""},
+	} {
+		err := repositoryFlags(&serveFlags{repository: "models", repositoryPoll: tc.poll, repositorySettle: time.Second})
+		if got := fmt.Sprint(err); tc.want == "" && err != nil || tc.want != "" && !strings.Contains(got, tc.want) {
+			t.Errorf("--repository-poll %v: %v; want %q", tc.poll, err, tc.want)
 		}
 	}
 }

@@ -79,6 +79,14 @@ func (c *Control) deploy(ctx context.Context, name string, body io.Reader, o reg
 		return api.FunctionInfo{}, err
 	}
 	warning = p.warning
+	if p.capped != "" {
+		defer func() {
+			if err == nil {
+				fi.Warnings = append(fi.Warnings, p.capped)
+				e.cfg.Log.Warn("deployed with max_instances over a worker's bound", "function", name, "version", fi.Version, "warning", p.capped)
+			}
+		}()
+	}
 	pub, sha, n := p.pub, p.sha, p.n
 	rv, created, current := pub.Version, pub.Created, pub.Current
 	if created && o.Label != "" {
@@ -120,6 +128,7 @@ type published struct {
 	n       int64
 	at      uint64
 	warning string
+	capped  string // max_instances served lower (instancesCapped)
 }
 
 // publish spools a deploy's body, checks and unpacks it and publishes it
@@ -146,6 +155,7 @@ func (c *Control) publish(ctx context.Context, name string, body io.Reader, o re
 		return published{}, err
 	}
 	o.Unpacked = unpacked
+	p.capped = e.instancesCapped(m)
 	if m.IsPipeline() {
 		sctx, cancel := storeCtx(ctx)
 		defer cancel()
@@ -237,7 +247,12 @@ func (e *Engine) unpackChecked(ctx context.Context, name string, tmp io.Reader, 
 		return nil, 0, err
 	}
 	defer release() // after the RemoveAll below: the turn bounds the scratch directory's disk too
-	dir, m, err := e.cfg.Cache.Verify(tmp, func(m *abi.Manifest) error { return checkManifest(m, name, e.targets) })
+	dir, m, err := e.cfg.Cache.Verify(tmp, func(m *abi.Manifest) error {
+		if err := checkManifest(m, name, e.targets); err != nil {
+			return err
+		}
+		return e.checkInstances(m)
+	})
 	if err != nil {
 		return nil, 0, e.unpackError(name, err)
 	}

@@ -31,6 +31,16 @@ type Config struct {
 	MaxInstances int           // default 8: twice the runs a device takes at once, so a function with a large share keeps runs queued in the scheduler while its others finish
 	MaxQueue     int           // requests waiting per function; default 64
 	IdleTTL      time.Duration // default 5m; negative: never release
+	// WorkerInstances bounds a version's instances where each holds a
+	// thread of a worker process whose tasks are bounded (plover serve
+	// --worker-max-pids, less the worker's own threads): past that bound
+	// the Go runtime, refused a thread, aborts the worker with every
+	// function in it. A manifest's min_instances over it is refused at
+	// deploy (422); its max_instances, and MaxInstances, are served as it.
+	// WorkerInstancesWhy names where it comes from, for those answers.
+	// 0: no bound but the manifest's (abi.MaxInstances).
+	WorkerInstances    int
+	WorkerInstancesWhy string
 	// Timeout is a request's deadline (queue time plus execution) unless
 	// the request brings an earlier one; default 30s.
 	Timeout time.Duration

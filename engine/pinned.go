@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/plover-run/plover/errdefs"
@@ -95,9 +96,19 @@ func (p Pin) Room() int {
 		return 0
 	}
 	if b := p.v.batch; b != nil {
-		return p.v.policy.queue + b.maxItems
+		return addRoom(p.v.policy.queue, b.maxItems)
 	}
-	return p.v.policy.max + p.v.policy.queue
+	return addRoom(p.v.policy.max, p.v.policy.queue)
+}
+
+// addRoom is a+b of two non-negative counts, at most math.MaxInt: a sum
+// that wrapped negative (a Go caller's MaxQueue of math.MaxInt) ran a
+// pipeline's parallel branches one at a time.
+func addRoom(a, b int) int {
+	if a > math.MaxInt-b {
+		return math.MaxInt
+	}
+	return a + b
 }
 
 // full reports a version whose next request would be refused now for its

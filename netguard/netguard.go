@@ -633,8 +633,25 @@ func RaiseNoFileLimit() (uint64, error) {
 // so 65536 descriptors give 49152 connections, 1048576 give 786432, and a
 // limit of 1088 or less gives 64.
 func DefaultMaxConns(nofile uint64) int {
+	return connsUnder(nofile, max(ConnsReserve, nofile/4))
+}
+
+// ConnsReserve is the descriptors a server keeps beside its client
+// connections at the least: its workers' sockets and memfds, bundle files,
+// the store's connections.
+const ConnsReserve = 1024
+
+// MostConns is the most client connections a server whose descriptor
+// limit is nofile may be given (plover serve --max-conns): nofile less
+// ConnsReserve, and at least DefaultMaxConns's 64. More would let the
+// connections take the descriptors the server's other work needs, while
+// the guard that should keep them from it counts to a number never
+// reached.
+func MostConns(nofile uint64) int { return connsUnder(nofile, ConnsReserve) }
+
+// connsUnder is nofile less reserve, at least 64 and at most math.MaxInt.
+func connsUnder(nofile, reserve uint64) int {
 	const floor = 64
-	reserve := max(1024, nofile/4)
 	if nofile <= reserve || nofile-reserve < floor {
 		return floor
 	}

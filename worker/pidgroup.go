@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -246,4 +247,31 @@ func tasksOf(uid int) int {
 		}
 	}
 	return n
+}
+
+// ownSpare is the threads a worker may hold of its own past one per CPU:
+// the Go runtime's monitor and spare, the control loop, a CUDA context's
+// (a handful), and a bundle's constructor's few.
+const ownSpare = 16
+
+// OwnThreads is the most threads a worker process holds besides its
+// instances': the Go runtime may start one per processor (its
+// GOMAXPROCS, at most this machine's CPUs) while its goroutines run Go
+// code, idle GC workers on every idle processor among them, and ownSpare
+// more.
+func OwnThreads() int { return runtime.NumCPU() + ownSpare }
+
+// InstanceRoom is how many instances of one program a worker bounded at
+// max tasks may hold: each holds a thread of the worker for its life (its
+// goroutine waits for runs in a read, as a tenant's worker's is locked
+// to one), and past the bound the Go runtime, refused a thread, aborts the
+// worker with every function in it. A tenant's worker is raised max for
+// each program it holds (Raise), so this many of each fit too. 0 for
+// max 0 (no bound); 0 or less too where max leaves the worker's own
+// threads no room for one, which the caller, knowing max, refuses.
+func InstanceRoom(max int) int {
+	if max <= 0 {
+		return 0
+	}
+	return max - OwnThreads()
 }
