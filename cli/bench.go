@@ -101,7 +101,7 @@ func runBench(name string, f *benchFlags, env *Env) error {
 		return usagef(env, "bench", "--requests %d: want 1 or more: a run is always bounded", f.requests)
 	case f.concurrency < 0 || f.concurrency > 10000:
 		return usagef(env, "bench", "--concurrency %d: want 1..10000 (or 0: 1, or 64 with --rate)", f.concurrency)
-	case f.timeout < 0:
+	case f.timeout <= 0:
 		return usagef(env, "bench", "--timeout %v: want a positive duration", f.timeout)
 	case f.warmup < 0:
 		return usagef(env, "bench", "--warmup %d: want 0 or more requests", f.warmup)

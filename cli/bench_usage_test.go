@@ -31,6 +31,9 @@ func TestBenchCommandLineMistakesExit2(t *testing.T) {
 		{[]string{"echo", "--size", "8", "--requests", "-1"}, "--requests"},
 		{[]string{"echo", "--size", "8", "--concurrency", "-1"}, "--concurrency -1"},
 		{[]string{"echo", "--size", "8", "--warmup", "-1"}, "--warmup -1"},
+		// 0 was taken, and meant 30 s, where the message says positive.
+		{[]string{"echo", "--size", "8", "--timeout", "0"}, "--timeout 0s: want a positive duration"},
+		{[]string{"echo", "--size", "8", "--timeout", "-1s"}, "--timeout -1s: want a positive duration"},
 		{[]string{"echo", "--size", "8", "--concurrency", "20000"}, "--concurrency 20000"},
 		{[]string{"echo", "--size", "8", "--grpc", "http://127.0.0.1:8001"}, `--grpc "http://127.0.0.1:8001": want grpc://HOST:PORT`},
 		{[]string{"echo", "--size", "8", "--grpc", "127.0.0.1:8001"}, `--grpc "127.0.0.1:8001"`},
