@@ -129,12 +129,15 @@ const (
 // "", current or not) carried as enc: the function's own
 // max_input_bytes, or what carries that many bytes in enc, under
 // --max-body. It is asked before the body is read (Invoker.Admit), so that
-// a body the function could never take is a 413 at once, from its
-// Content-Length or as a chunked body passes the bound, without waiting for
-// or holding the body budget; an unknown function or version is a 404 and
-// a full queue a 429 before the body too. A body fasthttp has read already
-// (preReadOf) costs nothing more to read: the engine bounds it, and the hot
-// path asks nothing here.
+// a body the function could never take is a 413 from its Content-Length,
+// or as a chunked body passes the bound, without waiting for or holding the
+// body budget; an unknown function or version is a 404 and a full queue a
+// 429 before the body too. At once past --max-body (holdOver); within it,
+// once fasthttp has read the first min(Content-Length, 8 KiB) of the body
+// (preReadOf), as the function's bound is not known before the handler
+// without a lookup on every request. A body fasthttp has read already
+// costs nothing more to read: the engine bounds it, and the hot path asks
+// nothing here.
 func (s *Server) inputLimit(ctx *fasthttp.RequestCtx, name call.Name, version string, enc encoding, deadline time.Time) (bodyLimit, error) {
 	cl := ctx.Request.Header.ContentLength()
 	if cl == -2 || (cl >= 0 && cl <= preReadOf(ctx)) { // -2: no body headers, so no body

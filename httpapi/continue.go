@@ -52,12 +52,18 @@ type headerSet struct {
 // expectation is ignored (RFC 9110 section 10.1.1), as is that of one
 // with no body.
 func (cs *connSet) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if cs.over.n.Load() > 0 {
+		cs.over.take(h) // as expect's, below
+	}
 	v := h.PeekBytes(hdrExpect)
 	if len(v) == 0 || !bytes.EqualFold(v, expect100) {
 		if cs.expect.n.Load() > 0 {
 			// Should fasthttp ever skip a handler, its request's entry
 			// must not give this one a Content-Length it did not send.
 			cs.expect.take(h)
+		}
+		if cl := h.ContentLength(); cs.maxBody > 0 && cl > cs.maxBody {
+			cs.holdOver(h, cl)
 		}
 		return fasthttp.RequestConfig{}
 	}
@@ -78,6 +84,27 @@ func (cs *connSet) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestCon
 	}
 	cs.expect.put(h, cl)
 	return fasthttp.RequestConfig{}
+}
+
+// holdOver keeps fasthttp from reading any of a body whose Content-Length
+// cl is over --max-body before the handler, as for 100-continue: it would
+// wait for min(cl, 8 KiB) of it first (readBodyWithStreaming), so that a
+// client that announced 2^63-1 bytes and sent fewer than 8 KiB had no
+// answer until the read timeout (408), where the handler refuses it from
+// its Content-Length alone (413) and closes the connection. The length is
+// kept in over until the handler starts (unhold).
+func (cs *connSet) holdOver(h *fasthttp.RequestHeader, cl int) {
+	h.SetContentLength(0)
+	cs.over.put(h, cl)
+}
+
+// unhold gives ctx's request back the Content-Length holdOver kept, if it
+// kept one: none of its body has been read (preReadOf).
+func (cs *connSet) unhold(ctx *fasthttp.RequestCtx) {
+	if cl, ok := cs.over.take(&ctx.Request.Header); ok {
+		ctx.Request.Header.SetContentLength(cl)
+		ctx.SetUserValue(expectedKey{}, true)
+	}
 }
 
 // pipelined reports whether the request whose headers fasthttp has just
@@ -135,13 +162,16 @@ func (cs *connSet) expecting(ctx *fasthttp.RequestCtx) bool {
 	return false
 }
 
-// expectedKey is the user-value key of a request that expected
-// 100-continue; zero-size, as bodyReadKey.
+// expectedKey is the user-value key of a request none of whose body
+// fasthttp read before the handler: one that expected 100-continue, or
+// whose Content-Length was over --max-body (holdOver); zero-size, as
+// bodyReadKey.
 type expectedKey struct{}
 
 // preReadOf is the most fasthttp read of ctx's body with the headers:
-// preRead, or nothing for a request that expected 100-continue. What it
-// read is in memory already; the rest of the body is still the client's.
+// preRead, or nothing for a request that expected 100-continue or
+// announced a body over --max-body. What it read is in memory already;
+// the rest of the body is still the client's.
 func preReadOf(ctx *fasthttp.RequestCtx) int {
 	if expected, _ := ctx.UserValue(expectedKey{}).(bool); expected {
 		return 0

@@ -42,8 +42,10 @@ type connSet struct {
 	mu sync.Mutex
 	// readTimeout is the deadline a request's reads have from its start.
 	readTimeout time.Duration
-	// expect holds the requests that expect 100-continue (continue.go).
-	expect headerSet
+	// expect holds the requests that expect 100-continue, over those
+	// whose Content-Length is over maxBody, --max-body (continue.go).
+	expect, over headerSet
+	maxBody      int
 	// byHeader maps a connection's request header to the connection, for
 	// HeaderReceived, which sees only the header (continue.go).
 	byHeader sync.Map
@@ -349,6 +351,9 @@ func (cs *connSet) handle(h fasthttp.RequestHandler) fasthttp.RequestHandler {
 		}
 		if cs.expect.n.Load() > 0 && cs.expecting(ctx) {
 			defer answered(ctx)
+		}
+		if cs.over.n.Load() > 0 {
+			cs.unhold(ctx)
 		}
 		if d := drainOf(ctx.Conn()); d != nil {
 			if d.ctx.Load() != ctx {

@@ -202,6 +202,7 @@ func New(door *frontdoor.Door, adm Admin, opts Options) *Server {
 		return c
 	}
 	s.conns.readTimeout, s.conns.panicked, s.metricsConns.panicked = opts.ReadTimeout, s.connPanicked, s.connPanicked
+	s.conns.maxBody = opts.MaxBodyBytes
 	s.header, s.badRequest, s.connState = s.conns.headerReceived, s.parseError, s.conns.state
 	s.srv = &fasthttp.Server{
 		Handler:            s.recovered(s.conns.handle(s.Handle)),
