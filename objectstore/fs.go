@@ -11,16 +11,33 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/fileutil"
 )
 
+// ErrStoreGone is returned (wrapped, a 503) when a file store's directory
+// is not there, or one of its top directories (functions/, bundles/) that
+// the store had: its volume unmounted, or it was deleted or moved. It is
+// the store's trouble, as ErrNoBucket is an S3 store's, never objects
+// missing: a node that read it as an empty listing unloaded every
+// function.
+var ErrStoreGone = errors.New("the file store's directory is gone (its volume unmounted, or deleted or moved)")
+
 // FS stores objects as files under a root directory.
-type FS struct{ root string }
+type FS struct {
+	root string
+	mu   sync.Mutex
+	// had holds the top directories this process found or made, true
+	// once their marker (hadName) is written: the store never removes a
+	// directory, so one of them missing now was taken away (lost).
+	had map[string]bool
+}
 
 // NewFS opens (creating if needed) a filesystem store rooted at dir.
 func NewFS(dir string) (*FS, error) {
@@ -34,7 +51,7 @@ func NewFS(dir string) (*FS, error) {
 	if err := fileutil.MkdirAllDurable(abs, 0o755); err != nil { // its first write's durability rests on it
 		return nil, fmt.Errorf("filesystem store: %w", err)
 	}
-	return &FS{root: abs}, nil
+	return &FS{root: abs, had: map[string]bool{}}, nil
 }
 
 func (s *FS) String() string { return "file://" + s.root }
@@ -70,8 +87,8 @@ func (s *FS) Put(ctx context.Context, key string, r io.Reader, size int64) error
 func (s *FS) write(ctx context.Context, key, p string, r io.Reader, size int64) error {
 	// Durably: the directory's sync below keeps the object's entry, not
 	// the directory's own (functions/, bundles/ at a store's first write).
-	if err := fileutil.MkdirAllDurable(filepath.Dir(p), 0o755); err != nil {
-		return fmt.Errorf("put %s: %w", key, err)
+	if err := s.makeDir(key, p); err != nil {
+		return err
 	}
 	var stamped time.Time
 	// ".put-" names a half-written object: CleanTemp removes such files.
@@ -192,8 +209,8 @@ func (s *FS) PutIf(ctx context.Context, key string, r io.Reader, size int64, ifM
 	if err != nil {
 		return err
 	}
-	if err := fileutil.MkdirAllDurable(filepath.Dir(p), 0o755); err != nil { // as write's
-		return fmt.Errorf("put %s: %w", key, err)
+	if err := s.makeDir(key, p); err != nil { // as write's
+		return err
 	}
 	unlock, err := s.lockKey(ctx, p)
 	if err != nil {
@@ -222,12 +239,12 @@ func (s *FS) Touch(ctx context.Context, key string) error {
 	// A key that names a directory (a prefix of other keys) or crosses
 	// an object is no object, as in S3: nothing to touch.
 	if fi, err := os.Stat(p); noDir(err) || (err == nil && !fi.Mode().IsRegular()) {
-		return fmt.Errorf("touch %s: %w", key, ErrNotFound)
+		return s.absent("touch", key)
 	}
 	now := time.Now()
 	if err := os.Chtimes(p, now, now); err != nil {
 		if noDir(err) {
-			return fmt.Errorf("touch %s: %w", key, ErrNotFound)
+			return s.absent("touch", key)
 		}
 		return fmt.Errorf("touch %s: %w", key, err)
 	}
@@ -268,7 +285,7 @@ func (s *FS) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	}
 	f, err := os.Open(p)
 	if noDir(err) { // absent, or "a/b" while "a" is an object: none, as in S3
-		return nil, fmt.Errorf("get %s: %w", key, ErrNotFound)
+		return nil, s.absent("get", key)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get %s: %w", key, err)
@@ -291,7 +308,10 @@ func (s *FS) Stat(ctx context.Context, key string) (Info, error) {
 		return Info{}, err
 	}
 	fi, err := os.Stat(p)
-	if noDir(err) || (err == nil && !fi.Mode().IsRegular()) {
+	if noDir(err) {
+		return Info{}, s.absent("stat", key)
+	}
+	if err == nil && !fi.Mode().IsRegular() {
 		return Info{}, fmt.Errorf("stat %s: %w", key, ErrNotFound)
 	}
 	if err != nil {
@@ -305,7 +325,8 @@ func (s *FS) Stat(ctx context.Context, key string) (Info, error) {
 // relative to its directory: a node lists functions/ on every poll and
 // every GET /v1/functions, and walking the whole store (every bundle
 // too) and stating each record by its full path was most of a listing's
-// cost with 1,000 functions.
+// cost with 1,000 functions. That directory missing is an empty listing
+// only where the store never had it (lost).
 func (s *FS) List(ctx context.Context, prefix string) ([]Info, error) {
 	var out []Info
 	dir := strings.TrimSuffix(prefix[:strings.LastIndex(prefix, "/")+1], "/")
@@ -313,14 +334,122 @@ func (s *FS) List(ctx context.Context, prefix string) ([]Info, error) {
 		return nil, nil // no key has the prefix (and ".." must not leave the root)
 	}
 	err := s.listDir(ctx, dir, prefix, &out)
-	if dir != "" && noDir(err) {
-		err = nil // no key has the prefix
+	if noDir(err) {
+		if err := s.lost(fmt.Sprintf("list %q", prefix), dir); err != nil {
+			return nil, err
+		}
+		return nil, nil // no key has the prefix
 	}
 	if err != nil {
 		return nil, fmt.Errorf("list %q: %w", prefix, err)
 	}
+	s.found(topDir(dir))
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
+}
+
+// makeDir makes the directory of key's object at p, unless the store's
+// directory it goes in is gone (lost): a write then made the store anew
+// where it was, and the next listing showed only what it wrote.
+func (s *FS) makeDir(key, p string) error {
+	dir := keyDir(key)
+	if err := s.lost("put "+key, dir); err != nil {
+		return err
+	}
+	if err := fileutil.MkdirAllDurable(filepath.Dir(p), 0o755); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	s.found(topDir(dir))
+	return nil
+}
+
+// absent is op's error for key, not there: ErrNotFound, unless the
+// store's directory that would hold it is gone (lost).
+func (s *FS) absent(op, key string) error {
+	if err := s.lost(op+" "+key, keyDir(key)); err != nil {
+		return err
+	}
+	return fmt.Errorf("%s %s: %w", op, key, ErrNotFound)
+}
+
+// lost is the error of what (an operation on a key or prefix) where dir,
+// the directory of keys it reads or writes, or one above it, is not there
+// and that is the store's directory gone (ErrStoreGone, a 503) rather
+// than no key there: the root missing (the store made it when opened and
+// never removes it), or dir's top directory (functions, bundles) missing
+// though the store had it, as this process found or its marker says (the
+// store never removes a directory either). An empty store, never written,
+// has no marker: its missing functions/ is no key there. nil where
+// nothing is lost.
+func (s *FS) lost(what, dir string) error {
+	fi, err := os.Stat(s.root)
+	if err == nil && !fi.IsDir() {
+		err = &fs.PathError{Op: "stat", Path: s.root, Err: syscall.ENOTDIR}
+	}
+	if err != nil {
+		return errdefs.New(errdefs.KindUnavailable, fmt.Errorf("%w: %w", ErrStoreGone, err),
+			"%s: file store %s is not there (nothing it held is taken as deleted): restore it; a server started again begins an empty store there", what, s.root)
+	}
+	top := topDir(dir)
+	if top == "" {
+		return nil
+	}
+	p := filepath.Join(s.root, top)
+	if _, err = os.Stat(p); !noDir(err) {
+		return nil
+	}
+	s.mu.Lock()
+	_, had := s.had[top]
+	s.mu.Unlock()
+	if !had {
+		if _, merr := os.Lstat(s.hadName(top)); merr != nil {
+			return nil
+		}
+	}
+	return errdefs.New(errdefs.KindUnavailable, fmt.Errorf("%w: %w", ErrStoreGone, err),
+		"%s: file store %s: its %s/ is not there, though the store had it (nothing it held is taken as deleted): restore it, or make it an empty directory to begin without what it held", what, s.root, top)
+}
+
+// found records that the store has top, a top directory ("": none), and
+// writes its marker, once a process where it can (a read-only store
+// keeps the memory alone): a process started after it went tells it
+// from one never made.
+func (s *FS) found(top string) {
+	if top == "" {
+		return
+	}
+	s.mu.Lock()
+	marked := s.had[top]
+	s.mu.Unlock()
+	if marked {
+		return
+	}
+	f, err := os.OpenFile(s.hadName(top), os.O_WRONLY|os.O_CREATE, 0o644)
+	if err == nil {
+		err = f.Close()
+	}
+	s.mu.Lock()
+	s.had[top] = s.had[top] || err == nil
+	s.mu.Unlock()
+}
+
+// hadName is the marker of top directory top: its name starts with "."
+// as no key's does.
+func (s *FS) hadName(top string) string { return filepath.Join(s.root, ".had-"+top) }
+
+// keyDir is the directory of keys key is in ("" for the root's).
+func keyDir(key string) string {
+	if i := strings.LastIndexByte(key, '/'); i >= 0 {
+		return key[:i]
+	}
+	return ""
+}
+
+// topDir is the top directory of dir, a directory of keys ("" for the
+// root).
+func topDir(dir string) string {
+	top, _, _ := strings.Cut(dir, "/")
+	return top
 }
 
 // noDir is whether err says a directory is not there (any more): missing,
@@ -417,6 +546,11 @@ func (s *FS) Delete(ctx context.Context, key string) error {
 	// unlink, not os.Remove: a directory is never removed (a Put may be
 	// about to write in it).
 	err = unix.Unlink(p)
+	if noDir(err) {
+		if err := s.lost("delete "+key, keyDir(key)); err != nil {
+			return err
+		}
+	}
 	if err != nil && !noDir(err) {
 		if fi, lerr := os.Lstat(p); lerr == nil && fi.IsDir() {
 			return nil // a prefix of other keys names no object, as in S3
