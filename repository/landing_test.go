@@ -146,5 +146,5 @@ func unloadOrRemove(t *testing.T, r *Repository, root, how string) {
 	if err := os.RemoveAll(filepath.Join(root, "cnn")); err != nil {
 		t.Fatal(err)
 	}
-	r.Scan(ctx)
+	scanEmptied(ctx, r)
 }

@@ -21,7 +21,7 @@ func TestReplacedByPloverDeployIsLeftAlone(t *testing.T) {
 	}{
 		{"folder removed", func(t *testing.T, r *Repository, models string) {
 			os.RemoveAll(filepath.Join(models, "cnn"))
-			r.Scan(context.Background())
+			scanEmptied(context.Background(), r)
 		}, ""},
 		{"no version left", func(t *testing.T, r *Repository, models string) {
 			os.RemoveAll(filepath.Join(models, "cnn", "1"))

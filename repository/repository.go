@@ -24,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -176,6 +177,15 @@ type Repository struct {
 	// dirty: the unloaded models may have changed since the state file
 	// was written (saveKept); under mu.
 	dirty bool
+	// What the scans saw of DIR for heldBack, with the turn: dev, its
+	// device (st_dev) at the last scan (devSeen: one did), foundDev at
+	// the last scan that found a model folder (foundSeen: one did),
+	// emptySince when the first of the scans since found none while
+	// models are deployed, emptySaid: the log said so.
+	dev, foundDev      uint64
+	devSeen, foundSeen bool
+	emptySince         time.Time
+	emptySaid          bool
 }
 
 // Started is closed once Run's first scans have deployed the folders found
@@ -316,6 +326,7 @@ func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
 		return false, true
 	}
 	now := time.Now()
+	held := r.heldBack(found, now)
 	r.mu.Lock()
 	for name, f := range found {
 		r.modelLocked(name, f) // an earlier run's unloads applied, for backElsewhere
@@ -332,7 +343,7 @@ func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
 	var warns []warn  // a model and why its folder is unreadable, logged after the unlock
 	var left []string // models whose folders DIR turning into one bundle hid
 	for name, m := range r.models {
-		if _, ok := found[name]; !ok {
+		if _, ok := found[name]; !ok && !held {
 			switch {
 			case switching && !m.removing:
 				// Not deleted: the scan that found DIR one bundle
@@ -382,13 +393,75 @@ func (r *Repository) scanHeld(ctx context.Context) (settling, retrying bool) {
 	r.mu.Lock()
 	r.scans++
 	r.kept = nil // those not found: their folders went, and their unloads
-	retrying = retrying || r.topRetry
+	retrying = retrying || r.topRetry || held
 	for _, m := range r.models {
 		retrying = retrying || m.retry || m.removing
 	}
 	r.mu.Unlock()
 	r.saveKept()
 	return settling, retrying
+}
+
+// heldBack is whether this scan takes no model whose folder it did not
+// find for removed. An unmounted volume leaves DIR an empty mountpoint,
+// and a scan that took that for every folder removed deleted every
+// model's function from the store, for every node sharing it. So DIR
+// found with no model folder while models are deployed is taken as
+// unreadable (logged once), until two scans a poll apart (Settle without
+// Poll) found it so on the device the last scan that found a folder saw;
+// and a scan that finds DIR on another device than the last one did (a
+// volume mounted or unmounted over it) takes nothing for removed by that
+// alone, though it deploys what it found. DIR holding a manifest at its
+// top is no empty mountpoint: its folders removed go at once, as before
+// it becomes one bundle (whose switch leaves them alone). Called with the
+// turn.
+func (r *Repository) heldBack(found map[string]folder, now time.Time) bool {
+	fi, err := os.Stat(r.cfg.Dir)
+	if err != nil {
+		// Read a moment ago: unreadable now, as a list that failed.
+		r.cfg.Log.Warn("cannot scan the model repository", "dir", r.cfg.Dir, "error", err)
+		return true
+	}
+	var dev uint64
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		dev = uint64(st.Dev)
+	}
+	moved := r.devSeen && dev != r.dev
+	r.dev, r.devSeen = dev, true
+	if moved {
+		r.cfg.Log.Warn("model repository: the directory is on another device than at the last scan (a volume mounted or unmounted over it): no model whose folder is missing is taken as removed at this scan", "dir", r.cfg.Dir)
+	}
+	if len(found) > 0 {
+		r.foundDev, r.foundSeen, r.emptySince, r.emptySaid = dev, true, time.Time{}, false
+		return moved
+	}
+	if _, err := os.Stat(filepath.Join(r.cfg.Dir, abi.ManifestFile)); err == nil {
+		// A manifest at its top (DIR becoming one bundle): read, not
+		// an empty mountpoint.
+		r.emptySince, r.emptySaid = time.Time{}, false
+		return moved
+	}
+	deployed := false
+	r.mu.Lock()
+	for _, m := range r.models {
+		deployed = deployed || !m.unloaded
+	}
+	r.mu.Unlock()
+	if !deployed {
+		r.emptySince, r.emptySaid = time.Time{}, false
+		return false
+	}
+	if r.emptySince.IsZero() {
+		r.emptySince = now
+	}
+	if !moved && (!r.foundSeen || dev == r.foundDev) && now.Sub(r.emptySince) >= cmp.Or(r.cfg.Poll, r.cfg.Settle) {
+		return false // emptied: its models go
+	}
+	if !r.emptySaid {
+		r.emptySaid = true
+		r.cfg.Log.Warn("model repository: no model folder found while models are deployed: taken as the directory unreadable (a volume not mounted?), nothing removed; emptied, its models are removed once a scan a poll later finds it empty too on the same device", "dir", r.cfg.Dir)
+	}
+	return true
 }
 
 // removeGone deletes the functions of the models whose folders went; one

@@ -166,7 +166,7 @@ func TestAnUnloadEndsAPendingDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 	node.down.Store(true)
-	r.Scan(ctx) // its delete cannot read the record: pending
+	scanEmptied(ctx, r) // its delete cannot read the record: pending
 	if got := index(r); !strings.Contains(got, "its folder was removed") {
 		t.Fatalf("removed while the store is down: %q", got)
 	}

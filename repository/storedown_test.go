@@ -76,7 +76,7 @@ func TestRemovedBeforeItsFirstDeployOfThisRun(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(root, "cnn")); err != nil {
 		t.Fatal(err)
 	}
-	r.Scan(ctx)
+	scanEmptied(ctx, r)
 	if got := index(r); !strings.Contains(got, "its folder was removed") {
 		t.Errorf("removed with the store down: %s; want its entry waiting, saying why", got)
 	}

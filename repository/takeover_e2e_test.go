@@ -62,7 +62,7 @@ func TestAFunctionTheFolderTookOverIsNotDeleted(t *testing.T) {
 				refusal = r.Unload(ctx, "cnn")
 			} else {
 				os.RemoveAll(filepath.Join(models, "cnn"))
-				r.Scan(ctx)
+				repository.ScanEmptied(ctx, r)
 			}
 			rec, err := e.Control().Versions(ctx, "cnn")
 			if !tc.byHand {

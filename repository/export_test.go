@@ -1,0 +1,4 @@
+package repository
+
+// ScanEmptied is scanEmptied, for the package's external tests.
+var ScanEmptied = scanEmptied
