@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/plover-run/plover/bench"
+	"github.com/plover-run/plover/fileutil"
 )
 
 // maxGeneratedInput bounds --size: the input is held in memory once and
@@ -213,6 +215,8 @@ func benchProgress(cfg *bench.Config, env *Env) (finish func()) {
 // unless a chart is written into it.
 type chartFile struct {
 	f       *os.File
+	path    string // --chart's, for messages
+	target  string // the file it names, its links followed: what write replaces
 	created bool
 	written bool
 }
@@ -226,18 +230,37 @@ func openChart(path string) (*chartFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--chart: %w", err)
 	}
-	return &chartFile{f: f, created: os.IsNotExist(statErr)}, nil
+	c := &chartFile{f: f, path: path, target: linkTarget(path), created: os.IsNotExist(statErr)}
+	// The chart goes in through a temporary file beside it (write): a
+	// directory where none can be made fails now too.
+	tmp, err := os.CreateTemp(filepath.Dir(c.target), chartTemp(c.target))
+	if err != nil {
+		c.discard()
+		return nil, fmt.Errorf("--chart %s: no temporary file can be made beside it to write the chart through: %w", path, err)
+	}
+	tmp.Close()
+	os.Remove(tmp.Name())
+	return c, nil
 }
 
+// chartTemp is the pattern of target's temporary files (fileutil's).
+func chartTemp(target string) string { return "." + filepath.Base(target) + ".tmp-*" }
+
+// write replaces the file with svg whole, through a temporary file beside
+// it renamed over it, at the file's mode: written in place, a disk that
+// filled mid-write left part of the new chart where the old one was.
 func (c *chartFile) write(svg string) error {
-	if err := c.f.Truncate(0); err != nil {
-		return err
+	perm := os.FileMode(0o644)
+	if fi, err := c.f.Stat(); err == nil {
+		perm = fi.Mode().Perm()
 	}
-	if _, err := c.f.WriteString(svg); err != nil {
-		return err
+	c.f.Close()
+	err := fileutil.WriteAtomic(c.target, []byte(svg), perm)
+	if err != nil && !errors.Is(err, fileutil.ErrNotDurable) {
+		return fmt.Errorf("%w (%s left as it was)", err, c.path)
 	}
-	c.written = true
-	return c.f.Close()
+	c.written = true // in place, if not durably
+	return err
 }
 
 // discard closes the file, and removes it if the run created it and wrote
