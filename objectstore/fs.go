@@ -387,7 +387,7 @@ func (s *FS) lost(what, dir string) error {
 		err = &fs.PathError{Op: "stat", Path: s.root, Err: syscall.ENOTDIR}
 	}
 	if err != nil {
-		return errdefs.New(errdefs.KindUnavailable, fmt.Errorf("%w: %w", ErrStoreGone, err),
+		return errdefs.New(errdefs.KindUnavailable, goneCause(err),
 			"%s: file store %s is not there (nothing it held is taken as deleted): restore it; a server started again begins an empty store there", what, s.root)
 	}
 	top := topDir(dir)
@@ -406,8 +406,20 @@ func (s *FS) lost(what, dir string) error {
 			return nil
 		}
 	}
-	return errdefs.New(errdefs.KindUnavailable, fmt.Errorf("%w: %w", ErrStoreGone, err),
+	return errdefs.New(errdefs.KindUnavailable, goneCause(err),
 		"%s: file store %s: its %s/ is not there, though the store had it (nothing it held is taken as deleted): restore it, or make it an empty directory to begin without what it held", what, s.root, top)
+}
+
+// goneCause is ErrStoreGone for err, the stat that found a directory
+// missing, keeping its path error (a client is told its operation and
+// reason, the log its path) but not its errno: "no such file or
+// directory" alone told a client an object was missing.
+func goneCause(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return &fs.PathError{Op: pe.Op, Path: pe.Path, Err: fmt.Errorf("%w: %v", ErrStoreGone, pe.Err)}
+	}
+	return fmt.Errorf("%w: %v", ErrStoreGone, err)
 }
 
 // found records that the store has top, a top directory ("": none), and

@@ -3,6 +3,7 @@ package objectstore
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -118,8 +119,8 @@ func wantGone(t *testing.T, op string, err error) {
 	switch {
 	case err == nil:
 		t.Errorf("%s: no error", op)
-	case !errors.Is(err, ErrStoreGone) || errors.Is(err, ErrNotFound):
-		t.Errorf("%s: %v; want ErrStoreGone, never ErrNotFound", op, err)
+	case !errors.Is(err, ErrStoreGone) || errors.Is(err, ErrNotFound) || errors.Is(err, fs.ErrNotExist):
+		t.Errorf("%s: %v; want ErrStoreGone, never ErrNotFound nor fs.ErrNotExist", op, err)
 	case errdefs.KindOf(err) != errdefs.KindUnavailable:
 		t.Errorf("%s: %v is of kind %d, want KindUnavailable (503)", op, err, errdefs.KindOf(err))
 	}
