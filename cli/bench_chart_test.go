@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/plover-run/plover/internal/tmpfs"
 )
 
 // A chart that cannot be written whole (the disk full) leaves the file as
@@ -16,10 +16,7 @@ import (
 // than the old on a full disk left part of it, the old one lost.
 func TestChartOnAFullDiskLeavesTheOldOne(t *testing.T) {
 	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
-		t.Skipf("cannot mount a tmpfs at %s (the test needs root): %v", dir, err)
-	}
-	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	tmpfs.Mount(t, dir, "64k")
 	path := filepath.Join(dir, "lat.svg")
 	old := "<svg>" + strings.Repeat("o", 8<<10) + "</svg>"
 	c, err := openChart(path)

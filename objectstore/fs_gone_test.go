@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/internal/tmpfs"
 )
 
 // A file store whose directory, or its functions/, went (deleted, moved
@@ -61,7 +62,7 @@ func TestFSStoreGone(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			root := filepath.Join(t.TempDir(), "store")
 			if strings.Contains(c.name, "volume") {
-				mountTmpfs(t, root)
+				tmpfs.Mount(t, root, "4m")
 			}
 			s := openFS(t, root)
 			for _, k := range []string{key, "bundles/b.tar.zst"} {
@@ -147,17 +148,4 @@ func rename(t *testing.T, from, to string) {
 	if err := os.Rename(from, to); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// mountTmpfs mounts a small tmpfs at dir (made), unmounted at the test's
-// end; the test is skipped where mounting is not allowed (not root).
-func mountTmpfs(t *testing.T, dir string) {
-	t.Helper()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=4m"); err != nil {
-		t.Skipf("cannot mount a tmpfs at %s (the test needs root): %v", dir, err)
-	}
-	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
 }

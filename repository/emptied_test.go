@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/plover-run/plover/internal/tmpfs"
 )
 
 // scanEmptied scans r as Run does a DIR emptied of its model folders while
@@ -67,7 +69,7 @@ func TestAnEmptiedRepository(t *testing.T) {
 		}, []string{"a", "b"}, "no model folder found while models are deployed"},
 		{"another volume with one of the folders", func(t *testing.T, ctx context.Context, r *Repository, dir, _ string) {
 			other := filepath.Join(t.TempDir(), "other")
-			mountTmpfs(t, other)
+			tmpfs.Mount(t, other, "4m")
 			writeBundle(t, filepath.Join(other, "b", "1"), "b", false)
 			age(t, other)
 			unmount(t, dir)
@@ -84,7 +86,7 @@ func TestAnEmptiedRepository(t *testing.T) {
 			ctx := context.Background()
 			d := t.TempDir()
 			vol, dir := filepath.Join(d, "vol"), filepath.Join(d, "models")
-			mountTmpfs(t, vol)
+			tmpfs.Mount(t, vol, "4m")
 			for _, n := range []string{"a", "b"} {
 				writeBundle(t, filepath.Join(vol, n, "1"), n, false)
 			}
@@ -141,19 +143,6 @@ func removeFolders(t *testing.T, dir string, names ...string) {
 			t.Fatal(err)
 		}
 	}
-}
-
-// mountTmpfs mounts a small tmpfs at dir (made), unmounted at the test's
-// end; the test is skipped where mounting is not allowed (not root).
-func mountTmpfs(t *testing.T, dir string) {
-	t.Helper()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=4m"); err != nil {
-		t.Skipf("cannot mount a tmpfs at %s (the test needs root): %v", dir, err)
-	}
-	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
 }
 
 // bind mounts from at to (made), as a volume mounted there, until the
