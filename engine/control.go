@@ -140,9 +140,9 @@ func (c *Control) publish(ctx context.Context, name string, body io.Reader, o re
 	e := c.e
 	room := &spoolRoom{e: e, ctx: ctx, tenant: o.Tenant, own: e.spools.of(o.Tenant)}
 	defer room.release() // last: once the file is removed
-	tmp, err := os.CreateTemp(e.cfg.SpoolDir, "plover-deploy-*")
+	tmp, err := e.spoolFile(name)
 	if err != nil {
-		return published{}, e.diskError(name, "spooling", err)
+		return published{}, err
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
@@ -241,13 +241,13 @@ func (e *Engine) spool(name string, body io.Reader, tmp *os.File, room *spoolRoo
 // writes, and every other deploy waited. A bundle the later checks or the
 // store refuse stays in the cache, evicted in its turn: it is the bytes
 // of its sha256 whatever becomes of the deploy.
-func (e *Engine) unpackChecked(ctx context.Context, name string, tmp io.Reader, sha string) (*abi.Manifest, int64, error) {
+func (e *Engine) unpackChecked(ctx context.Context, name string, tmp io.ReadSeeker, sha string) (*abi.Manifest, int64, error) {
 	release, err := e.unpackTurn(ctx, name)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer release() // after the RemoveAll below: the turn bounds the scratch directory's disk too
-	dir, m, err := e.cfg.Cache.Verify(tmp, func(m *abi.Manifest) error {
+	dir, m, err := e.verify(tmp, func(m *abi.Manifest) error {
 		if err := checkManifest(m, name, e.targets); err != nil {
 			return err
 		}

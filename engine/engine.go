@@ -12,6 +12,7 @@ import (
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/evict"
 	"github.com/plover-run/plover/funclog"
+	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/ioshare"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/registry"
@@ -100,6 +101,10 @@ type Engine struct {
 	unpacks       *unpackSlots  // the turns to unpack a deploy's bundle (unpackTurn)
 	spools        *spools       // the room for deploys' uploads (spool.go)
 	stop          refusal       // the requests refused at the end of a drain (refuse.go)
+
+	// diskLog throttles the lines of this node's disk failures, by
+	// function (logDisk).
+	diskLog gate.LogThrottle
 }
 
 // outputKeeper is a device whose functions' output can be kept (a worker

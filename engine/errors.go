@@ -14,6 +14,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/fileutil"
 	"github.com/plover-run/plover/loader"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/registry"
@@ -48,6 +49,9 @@ func unavailable(err error, format string, a ...any) *errdefs.Error {
 	if class := objectstore.ClassOf(err); class != "" {
 		return errorf(errdefs.KindUnavailable, err, "%s: %s", fmt.Sprintf(format, a...), class)
 	}
+	if gone := (*fileutil.GoneError)(nil); errors.As(err, &gone) {
+		return errorf(errdefs.KindUnavailable, err, "%s: %s", fmt.Sprintf(format, a...), goneText(gone)) // a worker's stages'
+	}
 	if op, ok := nodeFile(err); ok {
 		return errorf(errdefs.KindUnavailable, err, "%s: %s failed on this node (%v; the server's log names the file)", fmt.Sprintf(format, a...), op, errnoOf(err))
 	}
@@ -68,6 +72,13 @@ func nodeFile(err error) (op string, ok bool) {
 		return le.Op, true
 	}
 	return "", false
+}
+
+// goneText tells a client that one of this node's directories was
+// removed under the server and could not be made again (inDir), naming it
+// by what it is for, with the errno: its path is the log's.
+func goneText(gone *fileutil.GoneError) string {
+	return fmt.Sprintf("the node's %s directory was removed and could not be made again (%v; see the server log)", gone.What, errnoOf(gone))
 }
 
 // errnoOf is err's errno where it has one, else what it says past its

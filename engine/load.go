@@ -69,7 +69,13 @@ func (e *Engine) load(ctx context.Context, v *version) error {
 		return v.loadErr
 	}
 	t0 := time.Now()
-	dir, m, fetched, err := e.cfg.Cache.Get(ctx, e.cfg.Store, v.rec.SHA256)
+	var dir string
+	var m *abi.Manifest
+	var fetched bool
+	err := e.inDir(e.cfg.Cache.Dir(), "bundle cache", func() (err error) {
+		dir, m, fetched, err = e.cfg.Cache.Get(ctx, e.cfg.Store, v.rec.SHA256)
+		return err
+	})
 	if err != nil {
 		rf, err := e.prepareFailed(ctx, v, err)
 		if rf != nil {

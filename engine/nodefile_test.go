@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/plover-run/plover/apierr"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/fileutil"
 	"github.com/plover-run/plover/objectstore"
 )
 
@@ -32,6 +34,8 @@ func TestNodeFileFailuresNameNoPath(t *testing.T) {
 			errdefs.KindUnavailable, "function f: cannot load on host: link failed on this node (invalid cross-device link;"},
 		{"wrapped", unavailable(errors.Join(errors.New("stage kernels.so"), &os.PathError{Op: "open", Path: secret, Err: syscall.EACCES}), "function f: cannot load on host"),
 			errdefs.KindUnavailable, "open failed on this node (permission denied;"},
+		{"a directory that could not be made again", unavailable(fmt.Errorf("start worker: stage: %w", &fileutil.GoneError{What: "workers' stage", Err: &os.PathError{Op: "mkdir", Path: secret + "/workers", Err: syscall.ENOENT}}), "function f: cannot load on host"),
+			errdefs.KindUnavailable, "function f: cannot load on host: the node's workers' stage directory was removed and could not be made again (no such file or directory; see the server log)"},
 		{"disk full", storageError(&os.PathError{Op: "write", Path: secret + "/x", Err: syscall.ENOSPC}, "deploy %s: cannot write to the store", "f"),
 			errdefs.KindNoSpace, "deploy f: cannot write to the store: out of disk space (no space left on device)"},
 		{"not a file's", unavailable(io.ErrUnexpectedEOF, "function f: reading its record"),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync/atomic"
 	"syscall"
@@ -11,6 +12,7 @@ import (
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/errdefs"
+	"github.com/plover-run/plover/fileutil"
 )
 
 // maxUnpacks bounds the deploys that unpack their bundles on a node at
@@ -124,11 +126,17 @@ func (e *Engine) unpackError(name string, err error) error {
 
 // diskError is a deploy's failure to write or read this node's files
 // while it was doing what (spooling, unpacking the bundle): 507 for a
-// full disk, else 503, either naming the errno alone. A bundle that is
-// fine is not refused for it, and the client is not told where the node
-// keeps its files; the log has the whole of it.
+// full disk, else 503, either naming the errno alone (and the directory,
+// by what it is for, where one removed under the server could not be made
+// again: inDir). A bundle that is fine is not refused for it, and the
+// client is not told where the node keeps its files; the log has the
+// whole of it, at most a line a second per function (logDisk).
 func (e *Engine) diskError(name, doing string, err error) error {
-	e.cfg.Log.Error("deploy: this node's files failed", "function", name, "doing", doing, "error", err)
+	e.logDisk(name, "deploy: this node's files failed", "doing", doing, "error", err)
+	var gone *fileutil.GoneError
+	if errors.As(err, &gone) && !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, syscall.EDQUOT) {
+		return errorf(errdefs.KindUnavailable, err, "deploy %s: %s the bundle failed on this node: %s", name, doing, goneText(gone))
+	}
 	why := ""
 	var errno syscall.Errno
 	if errors.As(err, &errno) {
@@ -138,6 +146,75 @@ func (e *Engine) diskError(name, doing string, err error) error {
 		return errorf(errdefs.KindNoSpace, err, "deploy %s: %s the bundle: out of disk space%s", name, doing, why)
 	}
 	return errorf(errdefs.KindUnavailable, err, "deploy %s: %s the bundle failed on this node%s; see the server log", name, doing, why)
+}
+
+// logDisk logs msg, a failure of this node's disk met by a request for
+// function name, at ERROR: at most a line a second per function and 20 a
+// second in all (gate.LogThrottle.AllowKey), a line saying how many of the
+// function's were held back before it (not_logged). Every request that
+// meets a full disk fails with it, at its clients' rate: 300 requests
+// wrote 300 lines, past the front door's throttle, to a log that may be
+// on that disk.
+func (e *Engine) logDisk(name, msg string, attrs ...any) {
+	key := errdefs.KeptName(name) // the throttle keeps its keys
+	ok, held := e.diskLog.AllowKey(key)
+	if !ok {
+		return
+	}
+	attrs = append([]any{"function", key}, attrs...)
+	if held > 0 {
+		attrs = append(attrs, "not_logged", held)
+	}
+	e.cfg.Log.Error(msg, attrs...)
+}
+
+// inDir runs op, which makes a file or directory in dir, one of this
+// node's own made at the server's start (what names it), and runs it
+// once more where it failed for dir being gone and dir was made again
+// (fileutil.MakeAgain): before, a tmp cleaner's or an operator's rm -rf
+// failed every deploy or cold start until a restart. Where dir could not
+// be made, the error is a *fileutil.GoneError.
+func (e *Engine) inDir(dir, what string, op func() error) error {
+	err := op()
+	again, gone := fileutil.MakeAgain(dir, err, e.cfg.Log, what)
+	switch {
+	case gone != nil:
+		return gone
+	case again:
+		return op()
+	}
+	return err
+}
+
+// spoolFile is a deploy's spool file, in the spool directory.
+func (e *Engine) spoolFile(name string) (*os.File, error) {
+	var f *os.File
+	err := e.inDir(e.cfg.SpoolDir, "spool", func() (err error) {
+		f, err = os.CreateTemp(e.cfg.SpoolDir, "plover-deploy-*")
+		return err
+	})
+	if err != nil {
+		return nil, e.diskError(name, "spooling", err)
+	}
+	return f, nil
+}
+
+// verify is Cache.Verify of a deploy's spooled bundle, read from where r
+// is; a second try (inDir) reads it from there again, not from where the
+// first left off, which would refuse a bundle that is fine.
+func (e *Engine) verify(r io.ReadSeeker, check func(*abi.Manifest) error) (dir string, m *abi.Manifest, err error) {
+	at, err := r.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return "", nil, err
+	}
+	err = e.inDir(e.cfg.Cache.Dir(), "bundle cache", func() (err error) {
+		if _, err := r.Seek(at, io.SeekStart); err != nil {
+			return err
+		}
+		dir, m, err = e.cfg.Cache.Verify(r, check)
+		return err
+	})
+	return dir, m, err
 }
 
 // isNodeFault reports whether err is a failure of this node's files or

@@ -331,9 +331,10 @@ func (d *Device) take(ctx context.Context, m *abi.Manifest) (*proc, error) {
 	for {
 		select {
 		case p := <-d.standby:
-			if p.alive() {
+			if p.usable() {
 				return p, nil
 			}
+			p.kill("its stage was removed") // if alive
 			continue
 		default:
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/plover-run/plover/abi"
 	"github.com/plover-run/plover/device"
+	"github.com/plover-run/plover/fileutil"
 	"github.com/plover-run/plover/worker/contain"
 	"github.com/plover-run/plover/worker/wire"
 )
@@ -184,9 +186,16 @@ func controlChannel() (*net.UnixConn, *os.File, error) {
 }
 
 // newStage makes a worker's stage, the directory the server puts its
-// bundle's files in, and opens it for the worker (its wire.StageFD).
+// bundle's files in, and opens it for the worker (its wire.StageFD). The
+// stages' directory is made again where it was removed under the server
+// (fileutil.MakeAgain): before, no worker started until a restart.
 func (d *Device) newStage() (string, *os.File, error) {
 	dir, err := os.MkdirTemp(d.opts.StageDir, "worker-*")
+	if again, gone := fileutil.MakeAgain(d.opts.StageDir, err, d.opts.Log, "workers' stage"); again {
+		dir, err = os.MkdirTemp(d.opts.StageDir, "worker-*")
+	} else if gone != nil {
+		err = gone
+	}
 	if err == nil {
 		err = os.Chmod(dir, 0o755) // readable by --worker-user
 	}
@@ -568,6 +577,18 @@ func (p *proc) inStage(put func() error) error {
 	p.mu.Unlock()
 	defer p.stagers.Done()
 	return put()
+}
+
+// usable reports whether p can take a load: alive, and its stage still
+// there. A stage removed under the server (rm -rf DATA/workers) cannot be
+// made again for p, which reads it through the removed directory's
+// descriptor: every load into p would fail.
+func (p *proc) usable() bool {
+	if !p.alive() {
+		return false
+	}
+	_, err := os.Lstat(p.stage)
+	return !errors.Is(err, fs.ErrNotExist)
 }
 
 func (p *proc) alive() bool {
