@@ -261,7 +261,9 @@ func (e *Engine) place(ctx context.Context, v *version, dev device.Device) (*pla
 	// before this load (its worker restarted after a crash): its files are
 	// checked again, a damaged copy fetched again. Loaded as it was, a
 	// truncated library was refused as the bundle's fault, for good.
-	if err := e.cfg.Cache.Recheck(ctx, e.cfg.Store, v.rec.SHA256); err != nil {
+	if err := e.inDir(e.cfg.Cache.Dir(), "bundle cache", func() error {
+		return e.cfg.Cache.Recheck(ctx, e.cfg.Store, v.rec.SHA256)
+	}); err != nil {
 		rf, err := e.prepareFailed(ctx, v, err)
 		if rf != nil {
 			v.refused.Store(rf)

@@ -59,6 +59,10 @@ func TestARestartedWorkerLoadsNoDamagedBundle(t *testing.T) {
 			}
 			return os.Rename(lib+".new", lib)
 		}},
+		// The whole cache directory removed (a tmp cleaner): made again by
+		// the load's fetch, as a cold start's is (its 503 "fetching bundle
+		// ... failed (no such file or directory)" at every load, before).
+		{"cache directory removed", func(lib string) error { return os.RemoveAll(filepath.Dir(filepath.Dir(lib))) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			awaitWatchers(t, "before the test (earlier tests' workers ending)", 0)
