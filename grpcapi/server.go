@@ -475,7 +475,7 @@ func (s *Server) ModelMetadata(ctx context.Context, req *pb.ModelMetadataRequest
 	}
 	pin, ts, err := s.pinSeen(ctx, req.GetName(), req.GetVersion())
 	if err != nil {
-		return nil, s.statusOf(ctx, oip.MetadataError(req.GetName(), err), "ModelMetadata")
+		return nil, s.statusOf(ctx, oip.MetadataError(req.GetName(), err, s.door.Gate().View(authorization(ctx)).Sees), "ModelMetadata")
 	}
 	cur := pin.Version()
 	pin.Release()

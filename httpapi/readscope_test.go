@@ -267,3 +267,24 @@ func checkFamilies(t *testing.T, text string) {
 	}
 	end()
 }
+
+// A pipeline whose step does not resolve (its function deleted with
+// force) answers its metadata 503 naming the step, to a token that sees
+// the step's function; to one that does not, without its name, which may
+// be another tenant's. Before, aread read "step 1 (b-secret): function
+// "b-secret" not found" in a-pipe's 503 (a review's probe).
+func TestAPipelinesUnresolvedStepIsNotNamedToATokenThatDoesNotSeeIt(t *testing.T) {
+	rs := newReadScope(t)
+	if code, out := tenantDo(t, "DELETE", rs.url+"/v1/functions/b-secret?force=true", rs.toks["ops"], nil); code/100 != 2 {
+		t.Fatalf("delete b-secret with force: %d %s", code, out)
+	}
+	for _, tc := range []struct {
+		token string
+		named bool
+	}{{"aread", false}, {"adeploy", false}, {"star", true}, {"ops", true}} {
+		code, out := tenantDo(t, "GET", rs.url+"/v2/models/a-pipe", rs.toks[tc.token], nil)
+		if code != 503 || strings.Contains(string(out), "b-secret") != tc.named {
+			t.Errorf("%s: a-pipe's metadata with its step gone: %d %s; want 503, the step named: %v", tc.token, code, out, tc.named)
+		}
+	}
+}

@@ -156,7 +156,7 @@ func (s *Server) v2Model(ctx *fasthttp.RequestCtx, name, version call.Name, acti
 		return
 	}
 	if err != nil {
-		s.fail(ctx, oip.MetadataError(fn, err))
+		s.fail(ctx, oip.MetadataError(fn, err, s.view(ctx).Sees))
 		return
 	}
 	cur := pin.Version()

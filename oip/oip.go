@@ -289,10 +289,17 @@ func Tensors(pin pipeline.Pin) *abi.Tensors {
 // exists: its ready is not ready, its requests fail at that step, and its
 // tensors, which are its steps', cannot be told. Its step's 404 would say
 // the model itself is unknown, so it is a 503 naming the model and the
-// step; any other error is as it is.
-func MetadataError(name string, err error) error {
+// step, where sees (the caller's view: gate.View.Sees; nil, all) takes the
+// step's function, else not naming it; any other error is as it is.
+func MetadataError(name string, err error, sees func(function string) bool) error {
 	var pe *pipeline.PlanError
 	if errors.As(err, &pe) && errdefs.KindOf(err) == errdefs.KindNotFound {
+		if msg, hidden := pipeline.Hidden(err, sees); hidden {
+			// Neither the step's name nor its error (nor a did-you-mean
+			// of it): a function the caller may not see may be another
+			// tenant's (gate.View).
+			return errdefs.New(errdefs.KindUnavailable, nil, "model %s: its metadata cannot be told while a step does not resolve (%s)", name, msg)
+		}
 		// Wrapping the step's error: its did-you-mean (frontdoor) still comes.
 		return errdefs.New(errdefs.KindUnavailable, err, "model %s: its metadata cannot be told while a step does not resolve (%s): deploy the step's function again, or the pipeline without it", name, pe.Error())
 	}
