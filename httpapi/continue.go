@@ -62,9 +62,7 @@ func (cs *connSet) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestCon
 			// must not give this one a Content-Length it did not send.
 			cs.expect.take(h)
 		}
-		if cl := h.ContentLength(); cs.maxBody > 0 && cl > cs.maxBody {
-			cs.holdOver(h, cl)
-		}
+		cs.holdIfOver(h)
 		return fasthttp.RequestConfig{}
 	}
 	if d, ok := cs.byHeader.Load(h); ok && d.(*drainConn).pipelined() {
@@ -72,11 +70,13 @@ func (cs *connSet) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestCon
 		// these headers from its buffer, and flushes only before a read):
 		// its own 100 Continue goes into that buffer after the answer,
 		// where one written by the handler would overtake it.
+		cs.holdIfOver(h)
 		return fasthttp.RequestConfig{}
 	}
 	h.DelBytes(hdrExpect)
 	cl := h.ContentLength()
 	if cl == 0 || cl == -2 || !h.IsHTTP11() { // -2: no body headers
+		cs.holdIfOver(h) // an HTTP/1.0 request's expectation is ignored, not its length
 		return fasthttp.RequestConfig{}
 	}
 	if cl > 0 {
@@ -84,6 +84,14 @@ func (cs *connSet) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestCon
 	}
 	cs.expect.put(h, cl)
 	return fasthttp.RequestConfig{}
+}
+
+// holdIfOver holds h's body (holdOver) where its Content-Length is over
+// --max-body.
+func (cs *connSet) holdIfOver(h *fasthttp.RequestHeader) {
+	if cl := h.ContentLength(); cs.maxBody > 0 && cl > cs.maxBody {
+		cs.holdOver(h, cl)
+	}
 }
 
 // holdOver keeps fasthttp from reading any of a body whose Content-Length

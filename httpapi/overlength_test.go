@@ -31,6 +31,8 @@ func TestBodyOverMaxBodyIsAnsweredAtOnce(t *testing.T) {
 		{"v2 infer", "POST /v2/models/echo/infer HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n", 413, "request body of 9223372036854775807 bytes is over the limit"},
 		{"deploy", "PUT /v1/functions/echo HTTP/1.1\r\nHost: localhost\r\nContent-Type: " + bundle.MediaType + "\r\n", 413, "bundle of 9223372036854775807 bytes is over the limit of 1048576 bytes (plover serve --max-body)"},
 		{"a route without a body", "GET /healthz HTTP/1.1\r\nHost: localhost\r\n", 200, ""},
+		// An HTTP/1.0 request's 100-continue is ignored, not its length.
+		{"HTTP/1.0 expecting 100-continue", "POST /v1/functions/echo/invoke HTTP/1.0\r\nHost: localhost\r\nExpect: 100-continue\r\nContent-Type: application/octet-stream\r\n", 413, "request body of 9223372036854775807 bytes is over the limit"},
 	} {
 		for _, cl := range []int64{1<<63 - 1, 2 << 20} {
 			t.Run(fmt.Sprintf("%s, Content-Length %d", tc.name, cl), func(t *testing.T) {
