@@ -200,9 +200,15 @@ func workerGroups(f *serveFlags, devs []device.Device, drop *contain.Identity, l
 
 // defaultWorkerMaxPids is --worker-max-pids's default: room for a bundle's
 // thread per CPU on large machines, far below a node's pid_max (32768 at
-// least); minWorkerMaxPids is the least it may be: a worker's own threads
-// (5 on the host device, a CUDA context's more) with room to spare.
-const defaultWorkerMaxPids, minWorkerMaxPids = 512, 32
+// least), and on a machine of so many CPUs that a worker's own threads
+// (one per CPU and more, worker.OwnThreads) would take most of 512, those
+// and 256 instances: a default the server refused to start with (a
+// review's arithmetic: from 496 CPUs) helps nobody.
+var defaultWorkerMaxPids = max(512, worker.OwnThreads()+256)
+
+// minWorkerMaxPids is the least --worker-max-pids may be: a worker's own
+// threads (5 on the host device, a CUDA context's more) with room to spare.
+const minWorkerMaxPids = 32
 
 // checkMemoryGroups checks --memory-groups before anything starts.
 func checkMemoryGroups(mode string) error {
