@@ -34,8 +34,9 @@ type FS struct {
 	root string
 	mu   sync.Mutex
 	// had holds the top directories this process found or made, true
-	// once their marker (hadName) is written: the store never removes a
-	// directory, so one of them missing now was taken away (lost).
+	// where their marker (hadName) was written (tried once a process):
+	// the store never removes a directory, so one of them missing now was
+	// taken away (lost).
 	had map[string]bool
 }
 
@@ -431,9 +432,9 @@ func (s *FS) found(top string) {
 		return
 	}
 	s.mu.Lock()
-	marked := s.had[top]
+	_, tried := s.had[top]
 	s.mu.Unlock()
-	if marked {
+	if tried { // once a process: on a store it cannot write, not at every call
 		return
 	}
 	f, err := os.OpenFile(s.hadName(top), os.O_WRONLY|os.O_CREATE, 0o644)
