@@ -5,19 +5,18 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/plover-run/plover/abi"
+	"github.com/plover-run/plover/internal/tmpfs"
 	"github.com/plover-run/plover/objectstore"
 )
 
@@ -58,14 +57,8 @@ func (s *countingStore) Get(ctx context.Context, key string) (io.ReadCloser, err
 // end: a disk the test can fill without filling the machine's.
 func smallDisk(t *testing.T, size int64) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a small tmpfs needs root")
-	}
 	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
-		t.Skipf("cannot mount a tmpfs here: %v", err)
-	}
-	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) }) // before t.TempDir's removal: cleanups run last first
+	tmpfs.Mount(t, dir, strconv.FormatInt(size, 10))
 	return dir
 }
 

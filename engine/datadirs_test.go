@@ -19,6 +19,7 @@ import (
 	"github.com/plover-run/plover/engine"
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/internal/testkit"
+	"github.com/plover-run/plover/internal/tmpfs"
 	"github.com/plover-run/plover/objectstore"
 )
 
@@ -110,14 +111,8 @@ func TestDataDirectoriesRemovedUnderTheServer(t *testing.T) {
 // unmounted as the test ends.
 func mountTmpfs(t *testing.T, size int) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a tmpfs")
-	}
 	dir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+strconv.Itoa(size)); err != nil {
-		t.Skipf("cannot mount a tmpfs here: %v", err)
-	}
-	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) }) // before TempDir's removal: cleanups run last first
+	tmpfs.Mount(t, dir, strconv.Itoa(size))
 	return dir
 }
 
