@@ -396,7 +396,11 @@ func (c *Control) checkUsers(ctx context.Context, op, name string, steps []abi.S
 	}
 	var ue *pipedef.UsersError
 	if err := pipedef.CheckUsers(ctx, recs, name, steps, label, aside); errors.As(err, &ue) {
-		return errorf(errdefs.KindConflict, err, "deploy %s: %s: redeploy %s first, or deploy with force (plover deploy --force) and let %s requests fail", name, err.Error(), plural(len(ue.Users), ue.Users[0], "them"), plural(len(ue.Users), "its", "their"))
+		them := "them"
+		if len(ue.Users) == 1 && ue.Hidden == 0 {
+			them = ue.Users[0]
+		}
+		return errorf(errdefs.KindConflict, err, "deploy %s: %s: redeploy %s first, or deploy with force (plover deploy --force) and let %s requests fail", name, err.Error(), them, plural(len(ue.Users)+ue.Hidden, "its", "their"))
 	}
 	return nil
 }
@@ -452,8 +456,17 @@ func (c *Control) deleteIf(ctx context.Context, name string, force bool, cond fu
 		if err != nil {
 			return unavailable(err, "delete %s: listing the pipelines that may use it: store unavailable", name)
 		}
-		if users := pipedef.UsersOf(recs, name); len(users) > 0 {
-			return errorf(errdefs.KindConflict, nil, "function %s is a step of %s %s: delete or redeploy %s first, or delete with force (plover rm --force) and let their requests fail at that step", name, plural(len(users), "pipeline", "pipelines"), pipedef.Say(users), plural(len(users), "it", "them"))
+		if users, hidden := pipedef.UsersSeen(ctx, recs, name); len(users)+hidden > 0 {
+			said := pipedef.Say(users)
+			switch {
+			case len(users) == 0:
+				said = pipedef.Unseen(hidden)
+			case hidden > 0:
+				said = plural(len(users), "pipeline", "pipelines") + " " + said + " and " + pipedef.Unseen(hidden)
+			default:
+				said = plural(len(users), "pipeline", "pipelines") + " " + said
+			}
+			return errorf(errdefs.KindConflict, nil, "function %s is a step of %s: delete or redeploy %s first, or delete with force (plover rm --force) and let their requests fail at that step", name, said, plural(len(users)+hidden, "it", "them"))
 		}
 	}
 	at := e.tab.at() // before the store changes: see land

@@ -11,6 +11,7 @@ import (
 	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/gate"
+	"github.com/plover-run/plover/pipedef"
 )
 
 // need is what a route requires: a scope and, for invoke and deploy, the
@@ -113,9 +114,12 @@ func (s *Server) runCheck(ctx *fasthttp.RequestCtx, version string) context.Cont
 }
 
 // invokeCheck is ctx carrying the check a pipeline's deploy or rollback
-// makes of each function it names (gate.InvokeCheck).
+// makes of each function it names (gate.InvokeCheck), and the pipelines
+// its caller may learn of, which its warnings and refusals name
+// (pipedef.WithSees).
 func (s *Server) invokeCheck(ctx *fasthttp.RequestCtx) context.Context {
-	return s.gate.InvokeCheck(callCtx(ctx), ctx.Request.Header.PeekBytes(hdrAuthorization))
+	c := s.gate.InvokeCheck(callCtx(ctx), ctx.Request.Header.PeekBytes(hdrAuthorization))
+	return pipedef.WithSees(c, s.view(ctx).Sees)
 }
 
 // refuse writes a gate's refusal: 401 with WWW-Authenticate, 403, or 429

@@ -19,6 +19,7 @@ import (
 	"github.com/plover-run/plover/auth"
 	"github.com/plover-run/plover/bundle"
 	"github.com/plover-run/plover/gate"
+	"github.com/plover-run/plover/pipedef"
 )
 
 func (s *Server) function(ctx *fasthttp.RequestCtx, name string) {
@@ -33,7 +34,7 @@ func (s *Server) function(ctx *fasthttp.RequestCtx, name string) {
 	case fasthttp.MethodPut:
 		s.deploy(ctx, name)
 	case fasthttp.MethodDelete:
-		if err := s.adm.Delete(callCtx(ctx), name, ctx.QueryArgs().GetBool("force")); err != nil {
+		if err := s.adm.Delete(pipedef.WithSees(callCtx(ctx), s.view(ctx).Sees), name, ctx.QueryArgs().GetBool("force")); err != nil {
 			s.fail(ctx, err)
 			return
 		}

@@ -288,3 +288,29 @@ func TestAPipelinesUnresolvedStepIsNotNamedToATokenThatDoesNotSeeIt(t *testing.T
 		}
 	}
 }
+
+// A delete refused because pipelines run the function (409) names those
+// the token sees, and counts the others: a deploy token of a-* read the
+// name of bob's pipeline running a-vec in it (a review's probe).
+func TestADeletesConflictNamesOnlyThePipelinesTheTokenSees(t *testing.T) {
+	rs := newReadScope(t)
+	b, _, _, err := bundle.PackBytes(testkit.PipelineDir(t, "b-uses-a", "a-vec"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, out := tenantDo(t, "PUT", rs.url+"/v1/functions/b-uses-a", rs.toks["ops"], b); code != 201 {
+		t.Fatalf("deploy b-uses-a: %d %s", code, out)
+	}
+	for _, tc := range []struct {
+		token, want string
+		named       bool
+	}{
+		{"adeploy", "function a-vec is a step of pipeline a-pipe and 1 pipeline this token may not see", false},
+		{"ops", "function a-vec is a step of pipelines a-pipe, b-uses-a", true},
+	} {
+		code, out := tenantDo(t, "DELETE", rs.url+"/v1/functions/a-vec", rs.toks[tc.token], nil)
+		if code != 409 || !strings.Contains(string(out), tc.want) || strings.Contains(string(out), "b-uses-a") != tc.named {
+			t.Errorf("%s deleting a-vec: %d %s; want 409 saying %q", tc.token, code, out, tc.want)
+		}
+	}
+}

@@ -198,6 +198,9 @@ type UsersError struct {
 	Function string
 	Users    []string
 	Reasons  []string
+	// Hidden counts the pipelines it breaks that its caller may not learn
+	// of (WithSees), neither named nor their reasons said.
+	Hidden int
 }
 
 func (e *UsersError) Error() string {
@@ -210,6 +213,12 @@ func (e *UsersError) Error() string {
 	}
 	if more := len(e.Users) - maxUsersSaid; more > 0 {
 		fmt.Fprintf(&b, "; and %s", morePipelines(more))
+	}
+	if e.Hidden > 0 {
+		if b.Len() > 0 {
+			b.WriteString("; and ")
+		}
+		fmt.Fprintf(&b, "%s, which run%s %s: with this version their requests would fail", Unseen(e.Hidden), map[bool]string{true: "s"}[e.Hidden == 1], e.Function)
 	}
 	return b.String()
 }
@@ -271,6 +280,7 @@ func CheckUsers(ctx context.Context, recs []*api.Record, name string, steps []ab
 	after[name] = next
 	walk := users{recs: after, name: name, seen: map[string]walked{}}
 	e := &UsersError{Function: name}
+	sees := seesOf(ctx)
 	byName := func(a, b *api.Record) int { return strings.Compare(a.Name, b.Name) }
 	for _, r := range slices.SortedFunc(slices.Values(recs), byName) {
 		if r.Name == name {
@@ -281,12 +291,16 @@ func CheckUsers(ctx context.Context, recs []*api.Record, name string, steps []ab
 				continue
 			}
 			if err := checkIn(ctx, after, r.Name, v.Steps); err != nil {
+				if sees != nil && !sees(r.Name) {
+					e.Hidden++
+					continue
+				}
 				e.Users = append(e.Users, said(r, v))
 				e.Reasons = append(e.Reasons, err.Error())
 			}
 		}
 	}
-	if len(e.Users) == 0 {
+	if len(e.Users) == 0 && e.Hidden == 0 {
 		return nil
 	}
 	return e
@@ -343,23 +357,64 @@ func checkIn(ctx context.Context, recs map[string]*api.Record, name string, step
 // through a nested pipeline's steps at the version the step pins (an
 // older one, whose steps no current version names) or its current one.
 func UsersOf(recs []*api.Record, name string) []string {
+	out, _ := usersOf(recs, name, nil)
+	return out
+}
+
+// UsersSeen is UsersOf less the pipelines ctx's caller may not learn of
+// (WithSees), which it counts in hidden.
+func UsersSeen(ctx context.Context, recs []*api.Record, name string) (out []string, hidden int) {
+	return usersOf(recs, name, seesOf(ctx))
+}
+
+func usersOf(recs []*api.Record, name string, sees func(string) bool) (out []string, hidden int) {
 	u := users{recs: make(map[string]*api.Record, len(recs)), name: name, seen: map[string]walked{}}
 	for _, r := range recs {
 		u.recs[r.Name] = r
 	}
-	var out []string
 	for _, r := range recs {
 		if r.Name == name {
 			continue
 		}
 		for _, v := range served(r) {
-			if v.Kind == abi.KindPipeline && u.runs(v.Steps, MaxDepth) {
+			switch {
+			case v.Kind != abi.KindPipeline || !u.runs(v.Steps, MaxDepth):
+			case sees != nil && !sees(r.Name):
+				hidden++
+			default:
 				out = append(out, said(r, v))
 			}
 		}
 	}
 	slices.Sort(out)
-	return out
+	return out, hidden
+}
+
+type seesKey struct{}
+
+// WithSees returns ctx carrying sees, which names the pipelines its caller
+// may learn of (a token's globs: gate.View.Sees): a refusal or warning
+// that lists the pipelines running a function (UsersSeen, CheckUsers)
+// names those alone and counts the others, which may be another tenant's.
+func WithSees(ctx context.Context, sees func(name string) bool) context.Context {
+	return context.WithValue(ctx, seesKey{}, sees)
+}
+
+// seesOf is ctx's WithSees; nil (every name) where it has none.
+func seesOf(ctx context.Context) func(string) bool {
+	sees, _ := ctx.Value(seesKey{}).(func(string) bool)
+	return sees
+}
+
+// Unseen says n pipelines the caller may not learn of ("" for none).
+func Unseen(n int) string {
+	switch n {
+	case 0:
+		return ""
+	case 1:
+		return "1 pipeline this token may not see"
+	}
+	return fmt.Sprintf("%d pipelines this token may not see", n)
 }
 
 // users is UsersOf's walk. seen holds the nested pipeline versions

@@ -158,6 +158,25 @@ func TestUsersOf(t *testing.T) {
 	if got := UsersOf(recs, "z"); got != nil {
 		t.Fatalf("UsersOf(z) = %v", got)
 	}
+	// A caller that may learn of p* alone is told of the others by count.
+	ctx := WithSees(context.Background(), func(name string) bool { return strings.HasPrefix(name, "p") })
+	if got, hidden := UsersSeen(ctx, recs, "b"); strings.Join(got, ",") != "p1,p2,p3" || hidden != 1 {
+		t.Fatalf("UsersSeen(b) for p* = %q and %d hidden, want p1,p2,p3 and 1", got, hidden)
+	}
+	if got, hidden := UsersSeen(context.Background(), recs, "b"); len(got) != 4 || hidden != 0 {
+		t.Fatalf("UsersSeen(b) without a view = %q and %d hidden, want all 4", got, hidden)
+	}
+	for _, tc := range []struct {
+		e    UsersError
+		want string
+	}{
+		{UsersError{Function: "f", Users: []string{"p"}, Reasons: []string{"r"}, Hidden: 2}, "pipeline p runs f, and with this version its requests would fail: r; and 2 pipelines this token may not see, which run f: with this version their requests would fail"},
+		{UsersError{Function: "f", Hidden: 1}, "1 pipeline this token may not see, which runs f: with this version their requests would fail"},
+	} {
+		if got := tc.e.Error(); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.e, got, tc.want)
+		}
+	}
 }
 
 // A nested pipeline first met at the end of the depth looked (through a
