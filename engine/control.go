@@ -396,7 +396,7 @@ func (c *Control) checkUsers(ctx context.Context, op, name string, steps []abi.S
 	}
 	var ue *pipedef.UsersError
 	if err := pipedef.CheckUsers(ctx, recs, name, steps, label, aside); errors.As(err, &ue) {
-		them := "them"
+		them := plural(len(ue.Users)+ue.Hidden, "it", "them")
 		if len(ue.Users) == 1 && ue.Hidden == 0 {
 			them = ue.Users[0]
 		}

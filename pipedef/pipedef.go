@@ -218,7 +218,11 @@ func (e *UsersError) Error() string {
 		if b.Len() > 0 {
 			b.WriteString("; and ")
 		}
-		fmt.Fprintf(&b, "%s, which run%s %s: with this version their requests would fail", Unseen(e.Hidden), map[bool]string{true: "s"}[e.Hidden == 1], e.Function)
+		if e.Hidden == 1 {
+			fmt.Fprintf(&b, "%s, which runs %s: with this version its requests would fail", Unseen(1), e.Function)
+		} else {
+			fmt.Fprintf(&b, "%s, which run %s: with this version their requests would fail", Unseen(e.Hidden), e.Function)
+		}
 	}
 	return b.String()
 }
@@ -281,6 +285,7 @@ func CheckUsers(ctx context.Context, recs []*api.Record, name string, steps []ab
 	walk := users{recs: after, name: name, seen: map[string]walked{}}
 	e := &UsersError{Function: name}
 	sees := seesOf(ctx)
+	hidden := map[string]bool{} // by record: a pipeline served by two labels is one
 	byName := func(a, b *api.Record) int { return strings.Compare(a.Name, b.Name) }
 	for _, r := range slices.SortedFunc(slices.Values(recs), byName) {
 		if r.Name == name {
@@ -292,18 +297,38 @@ func CheckUsers(ctx context.Context, recs []*api.Record, name string, steps []ab
 			}
 			if err := checkIn(ctx, after, r.Name, v.Steps); err != nil {
 				if sees != nil && !sees(r.Name) {
-					e.Hidden++
+					hidden[r.Name] = true
 					continue
 				}
 				e.Users = append(e.Users, said(r, v))
-				e.Reasons = append(e.Reasons, err.Error())
+				e.Reasons = append(e.Reasons, reasonSeen(err.Error(), recs, sees))
 			}
 		}
 	}
+	e.Hidden = len(hidden)
 	if len(e.Users) == 0 && e.Hidden == 0 {
 		return nil
 	}
 	return e
+}
+
+// reasonSeen is reason, why a pipeline the caller sees would fail, where
+// it names no pipeline or function the caller may not learn of; else a
+// reason naming none. The reason names every pipeline on its path (a
+// cycle, a nesting too deep), which may pass through another tenant's:
+// any name of recs the caller does not see found in it (a name may be
+// found inside another: then more is held back, never less) gives the
+// bare reason.
+func reasonSeen(reason string, recs []*api.Record, sees func(string) bool) string {
+	if sees == nil {
+		return reason
+	}
+	for _, r := range recs {
+		if !sees(r.Name) && strings.Contains(reason, r.Name) {
+			return "its steps would fail through a pipeline this token may not see (a cycle, nesting deeper than 8, or more than 256 functions a request)"
+		}
+	}
+	return reason
 }
 
 // said names a version served: "outer" when current, "outer (version
@@ -376,14 +401,18 @@ func usersOf(recs []*api.Record, name string, sees func(string) bool) (out []str
 		if r.Name == name {
 			continue
 		}
+		unseen := false
 		for _, v := range served(r) {
 			switch {
 			case v.Kind != abi.KindPipeline || !u.runs(v.Steps, MaxDepth):
 			case sees != nil && !sees(r.Name):
-				hidden++
+				unseen = true // counted once a record, however many labels serve it
 			default:
 				out = append(out, said(r, v))
 			}
+		}
+		if unseen {
+			hidden++
 		}
 	}
 	slices.Sort(out)

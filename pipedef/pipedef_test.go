@@ -171,7 +171,7 @@ func TestUsersOf(t *testing.T) {
 		want string
 	}{
 		{UsersError{Function: "f", Users: []string{"p"}, Reasons: []string{"r"}, Hidden: 2}, "pipeline p runs f, and with this version its requests would fail: r; and 2 pipelines this token may not see, which run f: with this version their requests would fail"},
-		{UsersError{Function: "f", Hidden: 1}, "1 pipeline this token may not see, which runs f: with this version their requests would fail"},
+		{UsersError{Function: "f", Hidden: 1}, "1 pipeline this token may not see, which runs f: with this version its requests would fail"},
 	} {
 		if got := tc.e.Error(); got != tc.want {
 			t.Errorf("%+v: %q, want %q", tc.e, got, tc.want)
@@ -351,5 +351,31 @@ func TestUsersErrorIsBounded(t *testing.T) {
 		if got := Say(e.Users[:tc.n]); got != tc.want {
 			t.Errorf("Say(%d pipelines) = %q, want %q", tc.n, got, tc.want)
 		}
+	}
+}
+
+// A caller that may learn of a-* alone (WithSees) is told the pipelines
+// a change breaks that it sees, without a reason naming another's on
+// their path, and a count of the others: a cycle through b-mid was told
+// by name to a deploy token of a-*.
+func TestCheckUsersNamesOnlyWhatTheCallerSees(t *testing.T) {
+	recs := []*api.Record{
+		fn("a-vec"),
+		pipe("b-mid", s("a-vec")),
+		pipe("a-pipe", s("b-mid")),
+		pipe("b-top", s("a-vec")),
+	}
+	ctx := WithSees(context.Background(), func(name string) bool { return strings.HasPrefix(name, "a-") })
+	err := CheckUsers(ctx, recs, "a-vec", []abi.Step{s("a-pipe")}, "", false) // a cycle for every user
+	var ue *UsersError
+	if !errors.As(err, &ue) {
+		t.Fatalf("CheckUsers: %v, want a *UsersError", err)
+	}
+	if fmt.Sprint(ue.Users) != "[a-pipe]" || ue.Hidden != 2 || strings.Contains(ue.Error(), "b-") {
+		t.Errorf("for a-*: users %v, %d hidden, %q; want a-pipe, 2 hidden, no b- name", ue.Users, ue.Hidden, ue.Error())
+	}
+	err = CheckUsers(context.Background(), recs, "a-vec", []abi.Step{s("a-pipe")}, "", false)
+	if !errors.As(err, &ue) || fmt.Sprint(ue.Users) != "[a-pipe b-mid b-top]" || ue.Hidden != 0 || !strings.Contains(ue.Error(), "b-mid") {
+		t.Errorf("without a view: %v, want all three named", err)
 	}
 }
