@@ -12,8 +12,8 @@ import (
 	"github.com/plover-run/plover/device"
 	"github.com/plover-run/plover/evict"
 	"github.com/plover-run/plover/funclog"
-	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/ioshare"
+	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/objectstore"
 	"github.com/plover-run/plover/registry"
 	"github.com/plover-run/plover/sched"
@@ -104,7 +104,7 @@ type Engine struct {
 
 	// diskLog throttles the lines of this node's disk failures, by
 	// function (logDisk).
-	diskLog gate.LogThrottle
+	diskLog netguard.LogThrottle
 }
 
 // outputKeeper is a device whose functions' output can be kept (a worker

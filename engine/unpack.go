@@ -150,7 +150,7 @@ func (e *Engine) diskError(name, doing string, err error) error {
 
 // logDisk logs msg, a failure of this node's disk met by a request for
 // function name, at ERROR: at most a line a second per function and 20 a
-// second in all (gate.LogThrottle.AllowKey), a line saying how many of the
+// second in all (netguard.LogThrottle.AllowKey), a line saying how many of the
 // function's were held back before it (not_logged). Every request that
 // meets a full disk fails with it, at its clients' rate: 300 requests
 // wrote 300 lines, past the front door's throttle, to a log that may be

@@ -23,6 +23,7 @@ import (
 	"github.com/plover-run/plover/errdefs"
 	"github.com/plover-run/plover/gate"
 	"github.com/plover-run/plover/ioshare"
+	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/reqmetrics"
 	"github.com/plover-run/plover/tracing"
@@ -92,10 +93,10 @@ type Door struct {
 	tracer  *tracing.Tracer
 	log     *slog.Logger
 	// panicLog caps the lines about recovered panics (Panicked).
-	panicLog gate.LogThrottle
+	panicLog netguard.LogThrottle
 	// failLog caps the lines about failures (logFailure), which clients
 	// can drive: one a second per function.
-	failLog gate.LogThrottle
+	failLog netguard.LogThrottle
 }
 
 // New returns the Door cfg describes.
@@ -266,7 +267,7 @@ func (d *Door) classify(err error, authorization []byte) (apierr.Status, errdefs
 // logFailure logs a failure whose cause the client is not told (an error
 // of no class) or that is the server's or the function's (5xx): at most a
 // line a second per function (per route for a request that names none)
-// and 20 a second in all (gate.LogThrottle.AllowKey), since a client can
+// and 20 a second in all (netguard.LogThrottle.AllowKey), since a client can
 // make a function fail or ask for a deadline it cannot meet at its own
 // rate; a line says how many of its function's the throttle held back
 // before it (not_logged), and every failure is counted in /metrics.

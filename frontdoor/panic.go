@@ -17,7 +17,7 @@ const PanicMessage = "internal error: the server failed while handling this requ
 // the function (a copy: "" when none is known) and the stack. Called in
 // the deferred function that recovered, so that the stack still shows
 // where the panic was raised. The lines are capped as the refusals' are
-// (gate.LogThrottle: 20 a second across the transports, the next line
+// (netguard.LogThrottle: 20 a second across the transports, the next line
 // saying how many the cap held back), not per client: each tells of a
 // bug.
 func (d *Door) Panicked(transport, route, function string, v any) {

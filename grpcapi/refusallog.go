@@ -22,7 +22,7 @@ type refusalLog struct {
 	writing bool // a goroutine is writing the queue
 }
 
-// refusalQueue is how many lines wait at most: gate.LogThrottle lets 20
+// refusalQueue is how many lines wait at most: netguard.LogThrottle lets 20
 // through a second.
 const refusalQueue = 20
 

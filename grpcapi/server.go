@@ -76,7 +76,7 @@ type Server struct {
 	door *frontdoor.Door
 	opts Options
 
-	authLog   gate.LogThrottle
+	authLog   netguard.LogThrottle
 	authLines refusalLog // the lines authLog lets through
 	anon      anonCalls
 	refused   refusals  // the codec's (wire.go)
@@ -406,7 +406,7 @@ func authorization(ctx context.Context) []byte {
 }
 
 // logRefusal logs an authentication failure, once a second per client at
-// most (gate.LogThrottle), without waiting for the log (refusalLog).
+// most (netguard.LogThrottle), without waiting for the log (refusalLog).
 func (s *Server) logRefusal(ctx context.Context, method string, r *gate.Refusal) {
 	var addr net.Addr
 	client := "?"

@@ -28,6 +28,7 @@ import (
 	"github.com/plover-run/plover/call"
 	"github.com/plover-run/plover/frontdoor"
 	"github.com/plover-run/plover/gate"
+	"github.com/plover-run/plover/netguard"
 	"github.com/plover-run/plover/pipeline"
 	"github.com/plover-run/plover/reqmetrics"
 )
@@ -118,7 +119,7 @@ type Server struct {
 	// (headerRecovered), for their handler's wrapper to answer.
 	headerPanics headerSet
 
-	authLog    gate.LogThrottle
+	authLog    netguard.LogThrottle
 	metricsSrv atomic.Pointer[fasthttp.Server]
 	// conns and metricsConns follow the two servers' connections for
 	// Shutdown.
