@@ -233,7 +233,7 @@ func openChart(path string) (*chartFile, error) {
 	c := &chartFile{f: f, path: path, target: linkTarget(path), created: os.IsNotExist(statErr)}
 	// The chart goes in through a temporary file beside it (write): a
 	// directory where none can be made fails now too.
-	tmp, err := os.CreateTemp(filepath.Dir(c.target), chartTemp(c.target))
+	tmp, err := os.CreateTemp(filepath.Dir(c.target), fileutil.TempPattern(c.target))
 	if err != nil {
 		c.discard()
 		return nil, fmt.Errorf("--chart %s: no temporary file can be made beside it to write the chart through: %w", path, err)
@@ -242,9 +242,6 @@ func openChart(path string) (*chartFile, error) {
 	os.Remove(tmp.Name())
 	return c, nil
 }
-
-// chartTemp is the pattern of target's temporary files (fileutil's).
-func chartTemp(target string) string { return "." + filepath.Base(target) + ".tmp-*" }
 
 // write replaces the file with svg whole, through a temporary file beside
 // it renamed over it, at the file's mode: written in place, a disk that

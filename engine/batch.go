@@ -609,7 +609,6 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 	// still waiting for the device's scheduler leaves it, as an unbatched
 	// request whose client went away does, and runs nothing.
 	gone := func() bool { _, left := liveDeadline(items); return !left }
-	admitted := func() { items[0].running.Store(true) } // the run's items share it
 	t0 := time.Now()
 	inst, fresh, spent, err := pool.takeRetrying(context.Background(), deadline, nil)
 	h := held{pool, inst}
@@ -637,7 +636,7 @@ func (b *batcher) runChain(items []*batchItem, in, out []byte, k int) (res batch
 		r.Items = uint32(k)
 		var wait time.Duration
 		h.in = nil
-		wait, ended, err = pool.runOn(context.Background(), inst, r, now, deadline, gone, admitted)
+		wait, ended, err = pool.runOn(context.Background(), inst, r, now, deadline, gone, items[0].running) // the run's items share it
 		res.sched += wait
 		res.ran = true
 		r.Input, r.Output, r.Items = nil, nil, 0

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -371,7 +372,7 @@ func (p *pool) replace(ctx context.Context, in *instance, err error, deadline ti
 // just before; it returns how long the run waited for admission and the
 // clock at the run's end (a hot request reads the clock once per phase).
 // A run not admitted fails with an *Error. gone is polled while the run
-// waits for admission; admitted (nil: none) is called once it has it.
+// waits for admission; admitted (nil: none) is set once it has it.
 //
 // A run that panics (a bug in a device's Go code) goes on up, to the
 // transport that recovers it (a 500, gRPC's Internal: httpapi's and
@@ -381,7 +382,7 @@ func (p *pool) replace(ctx context.Context, in *instance, err error, deadline ti
 // instance, closed (its memory freed, its worker told to drop it), not
 // put back idle, since what the run left in it is unknown. The caller
 // then has no instance to put back.
-func (p *pool) runOn(ctx context.Context, in *instance, r *device.Run, start, deadline time.Time, gone func() bool, admitted func()) (time.Duration, time.Time, error) {
+func (p *pool) runOn(ctx context.Context, in *instance, r *device.Run, start, deadline time.Time, gone func() bool, admitted *atomic.Bool) (time.Duration, time.Time, error) {
 	// r is the instance's, reused: a run the scheduler refuses must not
 	// hand its request the last run's parts and bytes.
 	r.Timing = device.Timing{}
@@ -394,7 +395,7 @@ func (p *pool) runOn(ctx context.Context, in *instance, r *device.Run, start, de
 	fl := in.dev.flow
 	if fl == nil {
 		if admitted != nil {
-			admitted()
+			admitted.Store(true)
 		}
 		err := in.inst.Run(r)
 		ended = true
@@ -411,7 +412,7 @@ func (p *pool) runOn(ctx context.Context, in *instance, r *device.Run, start, de
 		}
 	}()
 	if admitted != nil {
-		admitted()
+		admitted.Store(true)
 	}
 	err = in.inst.Run(r)
 	end := time.Now()

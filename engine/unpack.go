@@ -175,15 +175,7 @@ func (e *Engine) logDisk(name, msg string, attrs ...any) {
 // failed every deploy or cold start until a restart. Where dir could not
 // be made, the error is a *fileutil.GoneError.
 func (e *Engine) inDir(dir, what string, op func() error) error {
-	err := op()
-	again, gone := fileutil.MakeAgain(dir, err, e.cfg.Log, what)
-	switch {
-	case gone != nil:
-		return gone
-	case again:
-		return op()
-	}
-	return err
+	return fileutil.InDir(dir, e.cfg.Log, what, op)
 }
 
 // spoolFile is a deploy's spool file, in the spool directory.

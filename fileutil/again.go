@@ -67,3 +67,18 @@ func (e *GoneError) Error() string {
 }
 
 func (e *GoneError) Unwrap() error { return e.Err }
+
+// InDir runs op, which makes a file or directory in dir, and runs it once
+// more where it failed for dir being gone and MakeAgain made dir again;
+// where dir could not be made, the error is MakeAgain's *GoneError.
+func InDir(dir string, log *slog.Logger, what string, op func() error) error {
+	err := op()
+	again, gone := MakeAgain(dir, err, log, what)
+	switch {
+	case gone != nil:
+		return gone
+	case again:
+		return op()
+	}
+	return err
+}

@@ -79,11 +79,15 @@ func (w *Writer) Write(p []byte) (int, error) {
 
 // WriteAtomic replaces path with b whole, at perm (Replace).
 func WriteAtomic(path string, b []byte, perm os.FileMode) error {
-	return Replace(path, "."+filepath.Base(path)+".tmp-*", perm, func(f *os.File) error {
+	return Replace(path, TempPattern(path), perm, func(f *os.File) error {
 		_, err := f.Write(b)
 		return err
 	})
 }
+
+// TempPattern is the os.CreateTemp pattern of WriteAtomic's temporary
+// files beside path: hidden, named for it.
+func TempPattern(path string) string { return "." + filepath.Base(path) + ".tmp-*" }
 
 // Replace replaces path with what fill writes: to a temporary file beside
 // it named by pattern (os.CreateTemp's), synced, at perm (0: CreateTemp's

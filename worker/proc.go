@@ -190,12 +190,11 @@ func controlChannel() (*net.UnixConn, *os.File, error) {
 // stages' directory is made again where it was removed under the server
 // (fileutil.MakeAgain): before, no worker started until a restart.
 func (d *Device) newStage() (string, *os.File, error) {
-	dir, err := os.MkdirTemp(d.opts.StageDir, "worker-*")
-	if again, gone := fileutil.MakeAgain(d.opts.StageDir, err, d.opts.Log, "workers' stage"); again {
+	var dir string
+	err := fileutil.InDir(d.opts.StageDir, d.opts.Log, "workers' stage", func() (err error) {
 		dir, err = os.MkdirTemp(d.opts.StageDir, "worker-*")
-	} else if gone != nil {
-		err = gone
-	}
+		return err
+	})
 	if err == nil {
 		err = os.Chmod(dir, 0o755) // readable by --worker-user
 	}
